@@ -1,0 +1,169 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+/// Why a held lock was judged lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A refresh found that the lock key no longer holds our token (it expired, was deleted,
+    /// or was overwritten by someone else).
+    TokenGone,
+    /// Redis could not be reached (or did not answer) long enough that the lock's validity
+    /// deadline passed before a refresh succeeded.
+    Unreachable,
+    /// Refresh was off (`refresh_ratio = 0`) and the lock's validity deadline passed.
+    TtlElapsed,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossReason::TokenGone => "the lock key no longer holds this token",
+            LossReason::Unreachable => "Redis did not confirm a refresh before the validity deadline",
+            LossReason::TtlElapsed => "the TTL elapsed with refresh turned off",
+        })
+    }
+}
+
+/// Everything that can go wrong in `waitlock`. Every variant names the key it is about.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another token holds the lock.
+    #[error("lock {key:?} is held by another token (remaining TTL: {remaining_ttl:?})")]
+    Locked {
+        /// The user's key (without prefix).
+        key: String,
+        /// The holder's remaining TTL as Redis reported it; `None` when the key has no expiry.
+        remaining_ttl: Option<Duration>,
+    },
+    /// The same token already holds the lock (as in `setlock.go`); nothing was changed.
+    #[error("lock {key:?} is already held by this token (remaining TTL: {remaining_ttl:?})")]
+    AlreadyHeld {
+        /// The user's key.
+        key: String,
+        /// The remaining TTL of the existing hold; `None` when the key has no expiry.
+        remaining_ttl: Option<Duration>,
+    },
+    /// `acquire_wait` did not get the lock before its wait deadline.
+    #[error("gave up waiting for lock {key:?} after {waited:?} ({attempts} attempts)")]
+    WaitTimeout {
+        /// The user's key.
+        key: String,
+        /// How long the call waited.
+        waited: Duration,
+        /// How many acquisition attempts were sent to Redis.
+        attempts: u32,
+    },
+    /// Extend or release by a token that does not hold the key (it expired, or another token
+    /// holds it now). The lock, if any, was left untouched.
+    #[error("lock {key:?} is not held by this token")]
+    NotHeld {
+        /// The user's key.
+        key: String,
+    },
+    /// The lock was lost while a critical section ran.
+    #[error("lock {key:?} was lost while held: {reason}")]
+    Expired {
+        /// The user's key.
+        key: String,
+        /// What made the holder judge the lock lost.
+        reason: LossReason,
+    },
+    /// The critical section outlived the lock's TTL with refresh turned off.
+    #[error("critical section under lock {key:?} ran past the lock's TTL of {ttl:?} (refresh off)")]
+    LockTimeout {
+        /// The user's key.
+        key: String,
+        /// The TTL the lock was taken with.
+        ttl: Duration,
+    },
+    /// An option is out of range; nothing was sent to Redis.
+    #[error("invalid option for lock {key:?}: {field} = {value} ({reason})")]
+    InvalidOptions {
+        /// The user's key.
+        key: String,
+        /// The option's name.
+        field: &'static str,
+        /// The offending value, printed.
+        value: String,
+        /// What the option must be.
+        reason: &'static str,
+    },
+    /// The key cannot be used; nothing was sent to Redis.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key (cut to its first 64 characters when longer).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The Redis key that backs the lock holds a value that is not a string (a list, a hash…),
+    /// so it was not written by this crate.
+    #[error("lock {key:?}: the Redis key {redis_key:?} holds a non-string value; refusing to touch it")]
+    WrongType {
+        /// The user's key.
+        key: String,
+        /// The Redis key name that holds the foreign value.
+        redis_key: String,
+    },
+    /// Redis did not answer within the command timeout.
+    #[error("lock {key:?}: {op} got no answer from Redis within {after:?}")]
+    Timeout {
+        /// The user's key.
+        key: String,
+        /// The operation that timed out (`acquire`, `extend`, `release`, `subscribe`).
+        op: &'static str,
+        /// The time limit that passed.
+        after: Duration,
+    },
+    /// Redis (or the connection to it) returned an error.
+    #[error("lock {key:?}: {op} failed: {source}")]
+    Redis {
+        /// The user's key (empty for errors that concern no key, such as connecting).
+        key: String,
+        /// The operation that failed.
+        op: &'static str,
+        /// fred's error.
+        #[source]
+        source: fred::error::Error,
+    },
+}
+
+impl Error {
+    /// The user's key this error is about (empty for connection-level errors).
+    pub fn key(&self) -> &str {
+        match self {
+            Error::Locked { key, .. }
+            | Error::AlreadyHeld { key, .. }
+            | Error::WaitTimeout { key, .. }
+            | Error::NotHeld { key }
+            | Error::Expired { key, .. }
+            | Error::LockTimeout { key, .. }
+            | Error::InvalidOptions { key, .. }
+            | Error::InvalidKey { key, .. }
+            | Error::WrongType { key, .. }
+            | Error::Timeout { key, .. }
+            | Error::Redis { key, .. } => key,
+        }
+    }
+
+    /// Whether retrying the same call later may succeed: a timeout, or a connection-level error.
+    /// Script errors, bad input and lock states are not transient.
+    pub fn is_transient(&self) -> bool {
+        use fred::error::ErrorKind as K;
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Redis { source, .. } => matches!(
+                source.kind(),
+                K::IO | K::Timeout | K::Canceled | K::Backpressure | K::Cluster | K::Sentinel
+            ) || source.details().starts_with("LOADING")
+                || source.details().starts_with("BUSY"),
+            _ => false,
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,266 @@
+//! Per-call lock options.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// The largest TTL accepted: its milliseconds must fit an `i64` for Redis' `PX`.
+const MAX_TTL_MS: u128 = i64::MAX as u128;
+/// Tokens longer than this are refused (the token is compared on every call).
+pub(crate) const MAX_TOKEN_LEN: usize = 1024;
+
+/// The retry delay policy: full jitter, `rand(0, min(base * 2^attempt, cap))`.
+///
+/// `PubSubLocker` uses it as the fallback timer between notifications; `Locker` sleeps it
+/// between attempts. Either way a sleep never passes the holder's remaining TTL or the wait
+/// deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    /// Exponential backoff with full jitter from `base`, capped at `cap`.
+    /// `base` must be non-zero and `cap >= base` (checked when the options are used).
+    #[must_use]
+    pub const fn exponential(base: Duration, cap: Duration) -> Self {
+        Backoff { base, cap }
+    }
+
+    /// The first attempt's upper bound.
+    pub fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The largest delay.
+    pub fn cap(&self) -> Duration {
+        self.cap
+    }
+}
+
+impl Default for Backoff {
+    /// Base 1 s, cap 1 min, as in the seed README.
+    fn default() -> Self {
+        Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60))
+    }
+}
+
+/// How one lock is taken and held.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = waitlock::LockOptions::new()
+///     .with_ttl(Duration::from_secs(10))
+///     .with_wait(Duration::from_secs(2));
+/// assert_eq!(opts.ttl(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: Duration,
+    refresh_ratio: f64,
+    token: Option<String>,
+    backoff: Backoff,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: Duration::from_secs(5),
+            refresh_ratio: 0.8,
+            token: None,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+impl LockOptions {
+    /// The defaults: TTL 30 s, wait 5 s, refresh ratio 0.8, a fresh UUID v4 token per
+    /// acquisition, [`Backoff::default`].
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long Redis keeps the lock unless it is extended. Must be at least 1 ms and fit
+    /// `i64` milliseconds; sub-millisecond parts are dropped. Defaults to 30 s.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long `acquire_wait` (and `run`) may wait for the lock. Zero means "try once".
+    /// Defaults to 5 s.
+    #[must_use]
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// When to refresh a held lock in `run` or after `LockGuard::keep_alive`, as a fraction
+    /// of the TTL: in `[0, 1)`, 0 meaning "never refresh". Defaults to 0.8.
+    #[must_use]
+    pub fn with_refresh_ratio(mut self, ratio: f64) -> Self {
+        self.refresh_ratio = ratio;
+        self
+    }
+
+    /// A fixed token instead of a fresh UUID v4 per acquisition. With a fixed token, acquiring
+    /// a lock this token already holds gives [`Error::AlreadyHeld`]. Must be non-empty and at
+    /// most 1,024 bytes. Defaults to none (a fresh UUID v4 each time).
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The retry delay policy. Defaults to [`Backoff::default`] (base 1 s, cap 1 min).
+    #[must_use]
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait limit.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The refresh ratio.
+    pub fn refresh_ratio(&self) -> f64 {
+        self.refresh_ratio
+    }
+
+    /// The fixed token, if one was set.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The retry delay policy.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// Checks every option for `key`; on success gives the TTL in whole milliseconds.
+    pub(crate) fn validate(&self, key: &str) -> Result<Checked> {
+        let bad = |field, value: String, reason| Error::InvalidOptions {
+            key: key.to_owned(),
+            field,
+            value,
+            reason,
+        };
+        let ttl_ms = check_ttl(key, self.ttl)?;
+        if !(0.0..1.0).contains(&self.refresh_ratio) {
+            return Err(bad(
+                "refresh_ratio",
+                self.refresh_ratio.to_string(),
+                "must be in [0, 1): 0 turns refresh off",
+            ));
+        }
+        if let Some(token) = &self.token {
+            check_token(key, token)?;
+        }
+        if self.backoff.base.is_zero() {
+            return Err(bad("backoff.base", format!("{:?}", self.backoff.base), "must be non-zero"));
+        }
+        if self.backoff.cap < self.backoff.base {
+            return Err(bad(
+                "backoff.cap",
+                format!("{:?}", self.backoff.cap),
+                "must be at least backoff.base",
+            ));
+        }
+        if tokio::time::Instant::now().checked_add(self.wait).is_none() {
+            return Err(bad("wait", format!("{:?}", self.wait), "too large to form a deadline"));
+        }
+        Ok(Checked { ttl_ms })
+    }
+}
+
+/// What validation derived.
+pub(crate) struct Checked {
+    pub(crate) ttl_ms: u64,
+}
+
+/// A TTL in whole milliseconds, at least 1 and at most `i64::MAX`.
+pub(crate) fn check_ttl(key: &str, ttl: Duration) -> Result<u64> {
+    let ms = ttl.as_millis();
+    if ms == 0 || ms > MAX_TTL_MS {
+        return Err(Error::InvalidOptions {
+            key: key.to_owned(),
+            field: "ttl",
+            value: format!("{ttl:?}"),
+            reason: "must be at least 1 ms and at most i64::MAX milliseconds",
+        });
+    }
+    Ok(ms as u64)
+}
+
+/// A token must be non-empty and at most [`MAX_TOKEN_LEN`] bytes.
+pub(crate) fn check_token(key: &str, token: &str) -> Result<()> {
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(Error::InvalidOptions {
+            key: key.to_owned(),
+            field: "token",
+            value: format!("<{} bytes>", token.len()),
+            reason: "must be non-empty and at most 1024 bytes",
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_docs() {
+        let o = LockOptions::new();
+        assert_eq!(o.ttl(), Duration::from_secs(30));
+        assert_eq!(o.wait(), Duration::from_secs(5));
+        assert_eq!(o.refresh_ratio(), 0.8);
+        assert_eq!(o.token(), None);
+        assert_eq!(o.backoff(), Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)));
+        assert!(o.validate("k").is_ok());
+    }
+
+    #[test]
+    fn each_bad_option_is_named() {
+        let cases: Vec<(LockOptions, &str)> = vec![
+            (LockOptions::new().with_ttl(Duration::ZERO), "ttl"),
+            (LockOptions::new().with_ttl(Duration::from_micros(999)), "ttl"),
+            (LockOptions::new().with_ttl(Duration::MAX), "ttl"),
+            (LockOptions::new().with_refresh_ratio(1.0), "refresh_ratio"),
+            (LockOptions::new().with_refresh_ratio(-0.1), "refresh_ratio"),
+            (LockOptions::new().with_refresh_ratio(f64::NAN), "refresh_ratio"),
+            (LockOptions::new().with_token(""), "token"),
+            (LockOptions::new().with_token("x".repeat(1025)), "token"),
+            (LockOptions::new().with_wait(Duration::MAX), "wait"),
+            (
+                LockOptions::new().with_backoff(Backoff::exponential(Duration::ZERO, Duration::ZERO)),
+                "backoff.base",
+            ),
+            (
+                LockOptions::new().with_backoff(Backoff::exponential(Duration::from_secs(2), Duration::from_secs(1))),
+                "backoff.cap",
+            ),
+        ];
+        for (opts, field) in cases {
+            match opts.validate("job") {
+                Err(Error::InvalidOptions { field: f, key, .. }) => {
+                    assert_eq!(f, field);
+                    assert_eq!(key, "job");
+                }
+                other => panic!("{field}: expected InvalidOptions, got {other:?}"),
+            }
+        }
+    }
+}

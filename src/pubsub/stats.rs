@@ -1,0 +1,103 @@
+//! Counters that tests and benchmarks read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a waiting head woke up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum WakeReason {
+    Notification = 0,
+    Reconnect = 1,
+    Lagged = 2,
+    Resubscribed = 3,
+}
+
+impl WakeReason {
+    pub(crate) fn from_u8(v: u8) -> WakeReason {
+        match v {
+            1 => WakeReason::Reconnect,
+            2 => WakeReason::Lagged,
+            3 => WakeReason::Resubscribed,
+            _ => WakeReason::Notification,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) attempts: AtomicU64,
+    pub(crate) by_notification: AtomicU64,
+    pub(crate) by_timer: AtomicU64,
+    pub(crate) by_reconnect: AtomicU64,
+    pub(crate) by_lagged: AtomicU64,
+    pub(crate) by_resubscribe: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+    pub(crate) lagged: AtomicU64,
+    pub(crate) subscribes: AtomicU64,
+    pub(crate) unsubscribes: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn woke(&self, reason: Option<WakeReason>) {
+        let c = match reason {
+            None => &self.by_timer,
+            Some(WakeReason::Notification) => &self.by_notification,
+            Some(WakeReason::Reconnect) => &self.by_reconnect,
+            Some(WakeReason::Lagged) => &self.by_lagged,
+            Some(WakeReason::Resubscribed) => &self.by_resubscribe,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> WakeStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        WakeStats {
+            attempts: g(&self.attempts),
+            by_notification: g(&self.by_notification),
+            by_timer: g(&self.by_timer),
+            by_reconnect: g(&self.by_reconnect),
+            by_lagged: g(&self.by_lagged),
+            by_resubscribe: g(&self.by_resubscribe),
+            reconnects: g(&self.reconnects),
+            lagged: g(&self.lagged),
+            subscribes: g(&self.subscribes),
+            unsubscribes: g(&self.unsubscribes),
+        }
+    }
+}
+
+/// A snapshot of a [`PubSubLocker`](crate::PubSubLocker)'s counters since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WakeStats {
+    /// Acquire attempts sent by `acquire_wait` (including the first, unqueued one).
+    pub attempts: u64,
+    /// Waits ended by a release notification on the key's channel.
+    pub by_notification: u64,
+    /// Waits ended by the fallback timer (backoff delay, holder's TTL or deadline).
+    pub by_timer: u64,
+    /// Waits ended because the subscriber connection came back (messages may have been lost).
+    pub by_reconnect: u64,
+    /// Waits ended because the message stream lagged (messages were dropped).
+    pub by_lagged: u64,
+    /// Waits ended because a failed subscription finally went through.
+    pub by_resubscribe: u64,
+    /// Reconnections of the subscriber connection seen.
+    pub reconnects: u64,
+    /// Times the message stream reported lost messages.
+    pub lagged: u64,
+    /// Channels subscribed (counted per channel).
+    pub subscribes: u64,
+    /// Channels unsubscribed (counted per channel).
+    pub unsubscribes: u64,
+}
+
+/// How much the per-key registry holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegistrySize {
+    /// Keys with at least one waiter in this process (each has one subscribed channel).
+    pub keys: usize,
+    /// Waiters in this process.
+    pub waiters: usize,
+}

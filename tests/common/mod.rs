@@ -1,0 +1,198 @@
+//! Shared test fixture: a private `redis-server` per test on a free port, plus helpers.
+#![allow(dead_code)]
+
+use fred::prelude::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use waitlock::fred;
+
+/// The binary to run: `$WAITLOCK_REDIS_SERVER` or `redis-server` on the PATH.
+fn binary() -> String {
+    std::env::var("WAITLOCK_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// A private `redis-server` (no persistence), killed on drop; its log is printed when the test
+/// fails.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    paused: bool,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let dir = std::env::temp_dir().join(format!("waitlock-test-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        for _ in 0..5 {
+            let mut s = RedisServer { child: None, port: free_port(), dir: dir.clone(), paused: false };
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("redis-server did not start on a free port after 5 tries; log in {}", dir.display());
+    }
+
+    /// Starts the process on `self.port`; true once it answers PING.
+    fn spawn(&mut self) -> bool {
+        let log = self.dir.join(format!("redis-{}.log", self.port));
+        let child = Command::new(binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "`{}` was not found. These tests run a private Redis: install it with \
+                 `sudo apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS), \
+                 or set WAITLOCK_REDIS_SERVER to the binary's path.",
+                binary()
+            ),
+            Err(e) => panic!("could not start `{}`: {e}", binary()),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(_)) = c.try_wait() {
+                    self.child = None;
+                    return false; // exited: port taken, most likely
+                }
+            }
+            if self.ping() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// A raw PING over TCP.
+    pub fn ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill").args([sig, &self.pid().to_string()]).status().expect("run kill");
+        assert!(status.success(), "kill {sig} {} failed", self.pid());
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if self.paused {
+                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+                self.paused = false;
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kill, then start again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(Instant::now() < deadline, "redis-server did not restart on port {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+        self.paused = true;
+    }
+
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+        self.paused = false;
+    }
+
+    /// A client with a reconnect policy and a command timeout.
+    pub async fn client(&self) -> Client {
+        client_for(&self.url()).await
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("redis-{}.log", self.port))).unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- redis-server log (port {}) ---\n{}", self.port, self.log());
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub async fn client_for(url: &str) -> Client {
+    let config = Config::from_url(url).expect("url");
+    let client = Builder::from_config(config)
+        .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(2))
+        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
+        .set_policy(ReconnectPolicy::new_constant(0, 20))
+        .build()
+        .expect("client");
+    client.init().await.expect("connect to the test redis-server");
+    client
+}
+
+/// Options that wait with a tight backoff (tests must not sleep for seconds).
+pub fn tight() -> waitlock::LockOptions {
+    waitlock::LockOptions::new().with_backoff(waitlock::Backoff::exponential(
+        Duration::from_millis(2),
+        Duration::from_millis(20),
+    ))
+}
+
+/// Runs a Redis command via fred's `custom`.
+pub async fn cmd<R: FromValue>(client: &Client, name: &'static str, args: Vec<Value>) -> R {
+    let (head, rest) = match name.split_once(' ') {
+        Some((h, r)) => (h, Some(r)),
+        None => (name, None),
+    };
+    let mut all: Vec<Value> = rest.map(|r| r.split(' ').map(|s| Value::from(s.to_owned())).collect()).unwrap_or_default();
+    all.extend(args);
+    client.custom(fred::types::CustomCommand::new_static(head, None, false), all).await.expect(name)
+}
+
+/// Number of subscriber channels matching the lock channels, via PUBSUB CHANNELS.
+pub async fn lock_channels(client: &Client) -> usize {
+    let chans: Vec<String> = cmd(client, "PUBSUB CHANNELS", vec![]).await;
+    chans.len()
+}
+
+/// `CLIENT LIST` lines whose flags show a pub/sub connection.
+pub async fn pubsub_connections(client: &Client) -> usize {
+    let list: String = cmd(client, "CLIENT LIST", vec![]).await;
+    list.lines().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count()
+}
