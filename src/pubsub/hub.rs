@@ -85,6 +85,9 @@ pub(crate) struct Hub {
     registry: Mutex<HashMap<String, Entry>>,
     dirty: Mutex<Vec<String>>,
     manager_wake: Arc<Notify>,
+    /// Changes requested so far, and changes the manager has applied (confirmed by Redis).
+    requested: AtomicU64,
+    applied: watch::Sender<u64>,
     pub(crate) counters: Counters,
     command_timeout: Duration,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -108,6 +111,8 @@ impl Hub {
             registry: Mutex::default(),
             dirty: Mutex::default(),
             manager_wake: Arc::new(Notify::new()),
+            requested: AtomicU64::new(0),
+            applied: watch::Sender::new(0),
             counters: Counters::default(),
             command_timeout,
             tasks: Mutex::default(),
@@ -160,8 +165,18 @@ impl Hub {
     }
 
     fn mark_dirty(&self, channel: String) {
-        lock(&self.dirty).push(channel);
+        let mut dirty = lock(&self.dirty);
+        dirty.push(channel);
+        self.requested.fetch_add(1, Ordering::SeqCst);
+        drop(dirty);
         self.manager_wake.notify_one();
+    }
+
+    /// Resolves once Redis has confirmed every subscription change requested before the call.
+    pub(crate) async fn settled(&self) {
+        let target = self.requested.load(Ordering::SeqCst);
+        let mut rx = self.applied.subscribe();
+        let _ = rx.wait_for(|applied| *applied >= target).await;
     }
 
     fn slot(&self, channel: &str) -> Option<Arc<Slot>> {
@@ -188,8 +203,12 @@ impl Hub {
     /// Brings Redis' subscriptions in line with the registry. Returns false when it failed
     /// (the channels stay dirty).
     async fn sync(&self) -> bool {
-        let mut channels = std::mem::take(&mut *lock(&self.dirty));
+        let (mut channels, requested) = {
+            let mut dirty = lock(&self.dirty);
+            (std::mem::take(&mut *dirty), self.requested.load(Ordering::SeqCst))
+        };
         if channels.is_empty() {
+            self.applied.send_if_modified(|a| std::mem::replace(a, requested) != requested);
             return true;
         }
         channels.sort_unstable();
@@ -228,6 +247,7 @@ impl Hub {
                         slot.wake(WakeReason::Resubscribed);
                     }
                 }
+                self.applied.send_if_modified(|a| std::mem::replace(a, requested) != requested);
                 true
             }
             failed => {

@@ -106,6 +106,15 @@ impl PubSubLocker {
         RegistrySize { keys, waiters }
     }
 
+    /// Resolves once Redis has confirmed every subscribe and unsubscribe that the registry
+    /// asked for before this call (e.g. to check `PUBSUB NUMSUB` after waiters left).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn subscriptions_settled(&self) {
+        self.hub.settled().await
+    }
+
     /// Counters of attempts and of why waits ended, since the locker was built.
     pub fn stats(&self) -> WakeStats {
         self.hub.counters.snapshot()

@@ -196,3 +196,18 @@ pub async fn pubsub_connections(client: &Client) -> usize {
     let list: String = cmd(client, "CLIENT LIST", vec![]).await;
     list.lines().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count()
 }
+
+/// Waits until `cond` holds, checking every millisecond, failing after `limit`.
+pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {limit:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// PUBSUB NUMSUB of one channel.
+pub async fn numsub(client: &Client, channel: &str) -> i64 {
+    let v: Vec<Value> = cmd(client, "PUBSUB NUMSUB", vec![Value::from(channel.to_owned())]).await;
+    v.get(1).and_then(|x| x.as_i64()).unwrap_or(-1)
+}
