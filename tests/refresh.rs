@@ -1,0 +1,239 @@
+//! Critical sections (`run`) and keep-alive against a real private redis-server.
+
+mod common;
+
+use common::{tight, RedisServer};
+use std::time::Duration;
+use tokio::time::Instant;
+use waitlock::fred::prelude::*;
+use waitlock::{Error, LockOptions, Locker, LossReason, PubSubLocker};
+
+#[derive(Debug)]
+enum AppError {
+    Lock(Error),
+    Business(&'static str),
+}
+
+impl From<Error> for AppError {
+    fn from(e: Error) -> Self {
+        AppError::Lock(e)
+    }
+}
+
+async fn setup() -> (RedisServer, Client, Locker) {
+    let server = RedisServer::start();
+    let client = server.client().await;
+    let locker = Locker::new(server.client().await);
+    (server, client, locker)
+}
+
+async fn is_free(client: &Client, key: &str) -> bool {
+    let v: Option<String> = client.get(format!("{{waitlock:{key}}}")).await.expect("GET");
+    v.is_none()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_keeps_the_lock_for_five_ttls() {
+    let (_s, client, locker) = setup().await;
+    let ttl = Duration::from_millis(200);
+    let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.5);
+    let rival = locker.clone();
+    let out = locker
+        .run("long", &opts, |ctx| async move {
+            let until = Instant::now() + ttl * 5;
+            let mut tries = 0;
+            while Instant::now() < until {
+                match rival.acquire("long", &LockOptions::new()).await {
+                    Err(Error::Locked { .. }) => tries += 1,
+                    other => panic!("someone else got the lock while refreshed: {other:?}"),
+                }
+                assert!(!ctx.token.is_cancelled());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, Error>(tries)
+        })
+        .await
+        .expect("run");
+    assert!(out > 20);
+    assert!(is_free(&client, "long").await);
+    locker.idle().await;
+    assert_eq!(locker.background_tasks(), 0);
+}
+
+#[tokio::test]
+async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
+    let (_s, client, locker) = setup().await;
+    let ttl = Duration::from_millis(300);
+    let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.0);
+    let r = locker
+        .run("norefresh", &opts, |ctx| {
+            let client = client.clone();
+            async move {
+                ctx.token.cancelled().await;
+                let pttl: i64 = client.pttl("{waitlock:norefresh}").await.expect("PTTL");
+                assert!(pttl > 0, "the token fired after Redis let the lock go (PTTL {pttl})");
+                Ok::<_, Error>(())
+            }
+        })
+        .await;
+    match r {
+        Err(Error::LockTimeout { key, ttl: t }) => {
+            assert_eq!(key, "norefresh");
+            assert_eq!(t, ttl);
+        }
+        other => panic!("expected LockTimeout, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_lock_deleted_behind_the_holder_cancels_within_one_refresh_interval() {
+    let (_s, client, locker) = setup().await;
+    let ttl = Duration::from_millis(400);
+    let interval = ttl / 4;
+    let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.25);
+    let r = locker
+        .run("stolen", &opts, |ctx| {
+            let client = client.clone();
+            async move {
+                let _: () = client.set("{waitlock:stolen}", "thief", None, None, false).await.expect("SET");
+                let deleted = Instant::now();
+                ctx.token.cancelled().await;
+                let took = deleted.elapsed();
+                assert!(took <= interval + Duration::from_millis(50), "noticed after {took:?}");
+                Ok::<_, Error>(())
+            }
+        })
+        .await;
+    assert!(matches!(r, Err(Error::Expired { reason: LossReason::TokenGone, .. })), "{r:?}");
+    let v: Option<String> = client.get("{waitlock:stolen}").await.expect("GET");
+    assert_eq!(v.as_deref(), Some("thief"), "the release must not delete someone else's lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_redis_cancels_by_the_validity_deadline() {
+    let mut server = RedisServer::start();
+    let locker = Locker::builder(server.client().await)
+        .command_timeout(Duration::from_millis(100))
+        .build()
+        .expect("locker");
+    let ttl = Duration::from_millis(400);
+    let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.5);
+    let pid = server.pid();
+    let r = locker
+        .run("paused", &opts, |ctx| async move {
+            // Every acquire or refresh so far was sent before this instant.
+            let paused = Instant::now();
+            let status = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status().expect("kill");
+            assert!(status.success());
+            ctx.token.cancelled().await;
+            let after = paused.elapsed();
+            let _ = std::process::Command::new("kill").args(["-CONT", &pid.to_string()]).status();
+            assert!(after <= ttl, "cancelled {after:?} after the last refresh could have been sent; TTL {ttl:?}");
+            Ok::<_, Error>(())
+        })
+        .await;
+    server.resume();
+    assert!(matches!(r, Err(Error::Expired { reason: LossReason::Unreachable, .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_closures_error_comes_back_and_the_lock_is_released() {
+    let (_s, client, locker) = setup().await;
+    let r: Result<(), AppError> = locker
+        .run("app", &LockOptions::new(), |ctx| async move {
+            assert!(ctx.fence > 0);
+            assert_eq!(ctx.key, "app");
+            Err(AppError::Business("no stock"))
+        })
+        .await;
+    assert!(matches!(r, Err(AppError::Business("no stock"))), "{r:?}");
+    assert!(is_free(&client, "app").await);
+    // And the lock error flows through the same type.
+    let _held = locker.acquire("app", &LockOptions::new()).await.expect("hold");
+    let r: Result<(), AppError> = locker
+        .run("app", &LockOptions::new().with_wait(Duration::ZERO), |_| async { Ok(()) })
+        .await;
+    assert!(matches!(r, Err(AppError::Lock(Error::Locked { .. }))), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_releases_the_lock_then_propagates() {
+    let (_s, client, locker) = setup().await;
+    let l = locker.clone();
+    let joined = tokio::spawn(async move {
+        l.run("boom", &LockOptions::new(), |_| async {
+            panic!("boom");
+            #[allow(unreachable_code)]
+            Ok::<(), Error>(())
+        })
+        .await
+    })
+    .await;
+    assert!(joined.expect_err("the panic propagates").is_panic());
+    // The release happened before the panic resumed: the lock is already free.
+    assert!(is_free(&client, "boom").await);
+    locker.idle().await;
+    assert_eq!(locker.background_tasks(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_runs_leave_no_lock_and_no_task() {
+    let (_s, client, locker) = setup().await;
+    let pubsub = PubSubLocker::new(locker.client().clone()).await.expect("pubsub");
+    // A long TTL: a leaked lock would still be there when checked, not expired away.
+    let opts = tight().with_ttl(Duration::from_secs(60)).with_refresh_ratio(0.2).with_wait(Duration::from_secs(5));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut tasks = Vec::new();
+    for i in 0..1000u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let cut = Duration::from_micros(seed % 30_000);
+        let key = format!("drop-{}", i % 7);
+        let opts = opts.clone();
+        let (locker, pubsub) = (locker.clone(), pubsub.clone());
+        tasks.push(tokio::spawn(async move {
+            let work = |_ctx| async {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok::<_, Error>(())
+            };
+            if i % 2 == 0 {
+                let _ = tokio::time::timeout(cut, locker.run(&key, &opts, work)).await;
+            } else {
+                let _ = tokio::time::timeout(cut, pubsub.run(&key, &opts, work)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    locker.idle().await;
+    pubsub.locker().idle().await;
+    assert_eq!(locker.background_tasks(), 0, "a refresher or release task is still running");
+    assert_eq!(pubsub.locker().background_tasks(), 0, "a refresher or release task is still running");
+    for k in 0..7 {
+        assert!(is_free(&client, &format!("drop-{k}")).await, "drop-{k} is still held");
+    }
+    assert_eq!(pubsub.registry_size().waiters, 0);
+}
+
+#[tokio::test]
+async fn a_guard_keep_alive_refreshes_and_stops_on_release() {
+    let (_s, client, locker) = setup().await;
+    let ttl = Duration::from_millis(150);
+    let mut g = locker
+        .acquire("guarded", &LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.3))
+        .await
+        .expect("acquire");
+    let lost = g.keep_alive();
+    let until = Instant::now() + ttl * 4;
+    while Instant::now() < until {
+        assert!(matches!(locker.acquire("guarded", &LockOptions::new()).await, Err(Error::Locked { .. })));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!lost.is_cancelled());
+    assert_eq!(locker.background_tasks(), 1);
+    g.release().await.expect("release");
+    locker.idle().await;
+    assert!(is_free(&client, "guarded").await);
+}
