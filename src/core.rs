@@ -86,7 +86,10 @@ pub(crate) enum Attempt {
     /// We hold it now, with this fence.
     Acquired { fence: u64 },
     /// This token held it already (a re-sent script, or a fixed token used twice).
-    AlreadyHeld { fence: u64, remaining: Option<Duration> },
+    AlreadyHeld {
+        fence: u64,
+        remaining: Option<Duration>,
+    },
     /// Another token holds it.
     Locked { remaining: Option<Duration> },
 }
@@ -96,9 +99,21 @@ pub(crate) struct Core {
     pub(crate) prefix: String,
     pub(crate) command_timeout: Duration,
     pub(crate) tasks: Arc<TaskCounter>,
-    acquire: Script,
-    extend: Script,
-    release: Script,
+    acquire: Lua,
+    extend: Lua,
+    release: Lua,
+}
+
+/// A script and the operation name its errors carry.
+struct Lua {
+    script: Script,
+    op: &'static str,
+}
+
+impl Lua {
+    fn new(op: &'static str, lua: &'static str) -> Lua {
+        Lua { script: Script::from_lua(lua), op }
+    }
 }
 
 impl Core {
@@ -108,9 +123,9 @@ impl Core {
             prefix,
             command_timeout,
             tasks: Arc::default(),
-            acquire: Script::from_lua(ACQUIRE_LUA),
-            extend: Script::from_lua(EXTEND_LUA),
-            release: Script::from_lua(RELEASE_LUA),
+            acquire: Lua::new("acquire", ACQUIRE_LUA),
+            extend: Lua::new("extend", EXTEND_LUA),
+            release: Lua::new("release", RELEASE_LUA),
         }
     }
 
@@ -123,30 +138,44 @@ impl Core {
     async fn eval(
         &self,
         client: &Client,
-        script: &Script,
+        lua: &Lua,
         names: &Names,
-        op: &'static str,
         keys: Vec<String>,
         args: Vec<String>,
         limit: Duration,
     ) -> Result<Vec<i64>> {
+        let (script, op) = (&lua.script, lua.op);
         let call = async {
-            match client.evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone()).await {
+            match client
+                .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
+                .await
+            {
                 Err(e) if e.details().starts_with("NOSCRIPT") => {
                     let lua = script.lua().cloned().unwrap_or_default();
                     client.script_load::<String, _>(lua).await?;
-                    client.evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys, args).await
+                    client
+                        .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys, args)
+                        .await
                 }
                 other => other,
             }
         };
         match tokio::time::timeout(limit, call).await {
-            Err(_) => Err(Error::Timeout { key: names.key.clone(), op, after: limit }),
+            Err(_) => Err(Error::Timeout {
+                key: names.key.clone(),
+                op,
+                after: limit,
+            }),
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if e.details().contains("WRONGTYPE") => {
-                Err(Error::WrongType { key: names.key.clone(), redis_key: names.lock.clone() })
-            }
-            Ok(Err(source)) => Err(Error::Redis { key: names.key.clone(), op, source }),
+            Ok(Err(e)) if e.details().contains("WRONGTYPE") => Err(Error::WrongType {
+                key: names.key.clone(),
+                redis_key: names.lock.clone(),
+            }),
+            Ok(Err(source)) => Err(Error::Redis {
+                key: names.key.clone(),
+                op,
+                source,
+            }),
         }
     }
 
@@ -165,14 +194,19 @@ impl Core {
         let client = self.backend.client().clone();
         // Only a token this crate generated may be released blindly: a user's fixed token may
         // hold the lock from an earlier call.
-        let mut residue = ResidueGuard { core: self, client: &client, names, token, armed: own_token };
+        let mut residue = ResidueGuard {
+            core: self,
+            client: &client,
+            names,
+            token,
+            armed: own_token,
+        };
         let fence_ttl = (FENCE_COUNTER_TTL.as_millis() as u64).max(ttl_ms);
         let reply = self
             .eval(
                 &client,
                 &self.acquire,
                 names,
-                "acquire",
                 vec![names.lock.clone(), names.fence.clone()],
                 vec![token.to_owned(), ttl_ms.to_string(), fence_ttl.to_string()],
                 limit,
@@ -184,9 +218,16 @@ impl Core {
         let reply = reply?;
         let remaining = |ms: i64| (ms >= 0).then(|| Duration::from_millis(ms as u64));
         match reply.as_slice() {
-            [0, _, fence] => Ok(Attempt::Acquired { fence: *fence as u64 }),
-            [1, pttl, fence] => Ok(Attempt::AlreadyHeld { fence: *fence as u64, remaining: remaining(*pttl) }),
-            [2, pttl, _] => Ok(Attempt::Locked { remaining: remaining(*pttl) }),
+            [0, _, fence] => Ok(Attempt::Acquired {
+                fence: *fence as u64,
+            }),
+            [1, pttl, fence] => Ok(Attempt::AlreadyHeld {
+                fence: *fence as u64,
+                remaining: remaining(*pttl),
+            }),
+            [2, pttl, _] => Ok(Attempt::Locked {
+                remaining: remaining(*pttl),
+            }),
             other => Err(Error::Redis {
                 key: names.key.clone(),
                 op: "acquire",
@@ -199,13 +240,18 @@ impl Core {
     }
 
     /// Resets the TTL if `token` holds the key. `Ok(false)`: not held. Idempotent, so cancel safe.
-    pub(crate) async fn extend(&self, names: &Names, token: &str, ttl_ms: u64, limit: Duration) -> Result<bool> {
+    pub(crate) async fn extend(
+        &self,
+        names: &Names,
+        token: &str,
+        ttl_ms: u64,
+        limit: Duration,
+    ) -> Result<bool> {
         let reply = self
             .eval(
                 self.backend.client(),
                 &self.extend,
                 names,
-                "extend",
                 vec![names.lock.clone()],
                 vec![token.to_owned(), ttl_ms.to_string()],
                 limit,
@@ -215,17 +261,28 @@ impl Core {
     }
 
     /// Deletes the key if `token` holds it and publishes the release. `Ok(false)`: not held.
-    pub(crate) async fn release(&self, names: &Names, token: &str, limit: Duration) -> Result<bool> {
-        self.release_on(self.backend.client(), names, token, limit).await
+    pub(crate) async fn release(
+        &self,
+        names: &Names,
+        token: &str,
+        limit: Duration,
+    ) -> Result<bool> {
+        self.release_on(self.backend.client(), names, token, limit)
+            .await
     }
 
-    async fn release_on(&self, client: &Client, names: &Names, token: &str, limit: Duration) -> Result<bool> {
+    async fn release_on(
+        &self,
+        client: &Client,
+        names: &Names,
+        token: &str,
+        limit: Duration,
+    ) -> Result<bool> {
         let reply = self
             .eval(
                 client,
                 &self.release,
                 names,
-                "release",
                 vec![names.lock.clone(), names.channel.clone()],
                 vec![token.to_owned()],
                 limit,
@@ -236,7 +293,12 @@ impl Core {
 
     /// Releases in a background task (for `Drop`); does nothing outside a tokio runtime, where
     /// the lock then expires by its TTL.
-    pub(crate) fn release_in_background(self: &Arc<Self>, client: Option<Client>, names: Names, token: String) {
+    pub(crate) fn release_in_background(
+        self: &Arc<Self>,
+        client: Option<Client>,
+        names: Names,
+        token: String,
+    ) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key = %names.key, "no tokio runtime to release the lock in; it will expire by its TTL");
             return;

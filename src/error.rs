@@ -20,7 +20,9 @@ impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             LossReason::TokenGone => "the lock key no longer holds this token",
-            LossReason::Unreachable => "Redis did not confirm a refresh before the validity deadline",
+            LossReason::Unreachable => {
+                "Redis did not confirm a refresh before the validity deadline"
+            }
             LossReason::TtlElapsed => "the TTL elapsed with refresh turned off",
         })
     }
@@ -72,7 +74,9 @@ pub enum Error {
         reason: LossReason,
     },
     /// The critical section outlived the lock's TTL with refresh turned off.
-    #[error("critical section under lock {key:?} ran past the lock's TTL of {ttl:?} (refresh off)")]
+    #[error(
+        "critical section under lock {key:?} ran past the lock's TTL of {ttl:?} (refresh off)"
+    )]
     LockTimeout {
         /// The user's key.
         key: String,
@@ -101,7 +105,9 @@ pub enum Error {
     },
     /// The Redis key that backs the lock holds a value that is not a string (a list, a hash…),
     /// so it was not written by this crate.
-    #[error("lock {key:?}: the Redis key {redis_key:?} holds a non-string value; refusing to touch it")]
+    #[error(
+        "lock {key:?}: the Redis key {redis_key:?} holds a non-string value; refusing to touch it"
+    )]
     WrongType {
         /// The user's key.
         key: String,
@@ -155,11 +161,13 @@ impl Error {
         use fred::error::ErrorKind as K;
         match self {
             Error::Timeout { .. } => true,
-            Error::Redis { source, .. } => matches!(
-                source.kind(),
-                K::IO | K::Timeout | K::Canceled | K::Backpressure | K::Cluster | K::Sentinel
-            ) || source.details().starts_with("LOADING")
-                || source.details().starts_with("BUSY"),
+            Error::Redis { source, .. } => {
+                matches!(
+                    source.kind(),
+                    K::IO | K::Timeout | K::Canceled | K::Backpressure | K::Cluster | K::Sentinel
+                ) || source.details().starts_with("LOADING")
+                    || source.details().starts_with("BUSY")
+            }
             _ => false,
         }
     }

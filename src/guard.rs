@@ -141,7 +141,11 @@ impl LockGuard {
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let ttl_ms = check_ttl(&self.names.key, ttl)?;
         let sent_at = Instant::now();
-        if self.core.extend(&self.names, &self.token, ttl_ms, self.core.command_timeout).await? {
+        if self
+            .core
+            .extend(&self.names, &self.token, ttl_ms, self.core.command_timeout)
+            .await?
+        {
             self.lease.renewed(sent_at, Duration::from_millis(ttl_ms));
             Ok(())
         } else {
@@ -149,7 +153,9 @@ impl LockGuard {
             if let Some(k) = &self.keep_alive {
                 k.lost.cancel();
             }
-            Err(Error::NotHeld { key: self.names.key.clone() })
+            Err(Error::NotHeld {
+                key: self.names.key.clone(),
+            })
         }
     }
 
@@ -165,11 +171,16 @@ impl LockGuard {
     #[tracing::instrument(name = "release", level = "debug", skip_all, fields(key = %self.names.key))]
     pub async fn release(mut self) -> Result<()> {
         self.stop_keep_alive();
-        let released = self.core.release(&self.names, &self.token, self.core.command_timeout).await;
+        let released = self
+            .core
+            .release(&self.names, &self.token, self.core.command_timeout)
+            .await;
         self.released = true;
         match released {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Error::NotHeld { key: self.names.key.clone() }),
+            Ok(false) => Err(Error::NotHeld {
+                key: self.names.key.clone(),
+            }),
             Err(e) => Err(e),
         }
     }
@@ -190,7 +201,10 @@ impl LockGuard {
         if let Some(k) = &self.keep_alive {
             return k.lost.clone();
         }
-        let k = KeepAlive { stop: CancellationToken::new(), lost: CancellationToken::new() };
+        let k = KeepAlive {
+            stop: CancellationToken::new(),
+            lost: CancellationToken::new(),
+        };
         let lost = k.lost.clone();
         let task = KeepAliveTask {
             core: Arc::downgrade(&self.core),
@@ -231,8 +245,11 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_keep_alive();
         if !self.released {
-            self.core
-                .release_in_background(None, self.names.clone(), std::mem::take(&mut self.token));
+            self.core.release_in_background(
+                None,
+                self.names.clone(),
+                std::mem::take(&mut self.token),
+            );
         }
     }
 }
@@ -277,7 +294,9 @@ impl KeepAliveTask {
                 }
                 _ = sleep_until(next_refresh), if refreshing => {}
             }
-            let Some(core) = self.core.upgrade() else { return };
+            let Some(core) = self.core.upgrade() else {
+                return;
+            };
             let sent_at = Instant::now();
             let limit = core
                 .command_timeout

@@ -44,9 +44,15 @@ mod tests {
         for attempt in 0..200u32 {
             let bound = (base * 2u32.saturating_pow(attempt.min(20))).min(cap);
             let x = d.next_delay(cap);
-            assert!(x <= bound + Duration::from_millis(1), "attempt {attempt}: {x:?} > {bound:?}");
+            assert!(
+                x <= bound + Duration::from_millis(1),
+                "attempt {attempt}: {x:?} > {bound:?}"
+            );
             max_seen = max_seen.max(x);
         }
-        assert!(max_seen > Duration::from_millis(50), "jitter never approached the cap: {max_seen:?}");
+        assert!(
+            max_seen > Duration::from_millis(50),
+            "jitter never approached the cap: {max_seen:?}"
+        );
     }
 }

@@ -40,7 +40,10 @@ fn check_key(key: &str) -> Result<()> {
     } else {
         return Ok(());
     };
-    Err(Error::InvalidKey { key: key.chars().take(64).collect(), reason })
+    Err(Error::InvalidKey {
+        key: key.chars().take(64).collect(),
+        reason,
+    })
 }
 
 /// A prefix must be non-empty and brace-free so the hash tag is never empty.
@@ -85,8 +88,14 @@ mod tests {
 
     #[test]
     fn bad_keys_and_prefixes_are_refused() {
-        assert!(matches!(Names::new("p:", ""), Err(Error::InvalidKey { .. })));
-        assert!(matches!(Names::new("p:", &"k".repeat(MAX_KEY_LEN + 1)), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            Names::new("p:", ""),
+            Err(Error::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            Names::new("p:", &"k".repeat(MAX_KEY_LEN + 1)),
+            Err(Error::InvalidKey { .. })
+        ));
         assert!(Names::new("p:", &"k".repeat(1024)).is_ok());
         for p in ["", "a{", "}", &"p".repeat(257)] {
             assert!(check_prefix(p).is_err(), "{p}");

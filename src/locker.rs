@@ -40,7 +40,9 @@ pub struct Locker {
 
 impl std::fmt::Debug for Locker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Locker").field("prefix", &self.core.prefix).finish_non_exhaustive()
+        f.debug_struct("Locker")
+            .field("prefix", &self.core.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,7 +85,9 @@ impl LockerBuilder {
 
     /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix or timeout.
     pub fn build(self) -> Result<Locker> {
-        Ok(Locker { core: Arc::new(self.core()?) })
+        Ok(Locker {
+            core: Arc::new(self.core()?),
+        })
     }
 
     /// A [`PubSubLocker`]: opens its one subscriber connection with the client's config.
@@ -91,7 +95,10 @@ impl LockerBuilder {
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves nothing running.
     pub async fn build_pubsub(self) -> Result<PubSubLocker> {
-        PubSubLocker::start(Locker { core: Arc::new(self.core()?) }).await
+        PubSubLocker::start(Locker {
+            core: Arc::new(self.core()?),
+        })
+        .await
     }
 }
 
@@ -116,8 +123,11 @@ impl Request {
         if self.wait.is_zero() {
             return core.command_timeout;
         }
-        core.command_timeout
-            .min(self.deadline.saturating_duration_since(now).max(LAST_ATTEMPT_GRACE))
+        core.command_timeout.min(
+            self.deadline
+                .saturating_duration_since(now)
+                .max(LAST_ATTEMPT_GRACE),
+        )
     }
 
     /// The next sleep: a backoff delay, cut to the holder's remaining TTL (plus 1 ms, as PTTL
@@ -131,7 +141,11 @@ impl Request {
     }
 
     pub(crate) fn timeout_error(&self, attempts: u32) -> Error {
-        Error::WaitTimeout { key: self.names.key.clone(), waited: self.start.elapsed(), attempts }
+        Error::WaitTimeout {
+            key: self.names.key.clone(),
+            waited: self.start.elapsed(),
+            attempts,
+        }
     }
 }
 
@@ -141,7 +155,13 @@ pub(crate) type Outcome = std::result::Result<LockGuard, Option<Duration>>;
 impl Locker {
     /// A locker with the defaults (prefix `waitlock:`, command timeout 3 s) on `client`.
     pub fn new(client: Client) -> Locker {
-        Locker { core: Arc::new(Core::new(Backend::Client(client), DEFAULT_PREFIX.into(), DEFAULT_COMMAND_TIMEOUT)) }
+        Locker {
+            core: Arc::new(Core::new(
+                Backend::Client(client),
+                DEFAULT_PREFIX.into(),
+                DEFAULT_COMMAND_TIMEOUT,
+            )),
+        }
     }
 
     /// A builder on a connected client.
@@ -155,7 +175,11 @@ impl Locker {
     }
 
     fn builder_on(backend: Backend) -> LockerBuilder {
-        LockerBuilder { backend, prefix: DEFAULT_PREFIX.into(), command_timeout: DEFAULT_COMMAND_TIMEOUT }
+        LockerBuilder {
+            backend,
+            prefix: DEFAULT_PREFIX.into(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        }
     }
 
     /// Connects a new client to `url` (e.g. `redis://127.0.0.1:6379`) with a reconnect policy
@@ -217,13 +241,19 @@ impl Locker {
     pub(crate) async fn attempt(&self, req: &Request) -> Result<Outcome> {
         let sent_at = Instant::now();
         let limit = req.limit(&self.core, sent_at);
-        let attempt = self.core.try_acquire(&req.names, &req.token, req.ttl_ms, limit, req.own_token).await?;
+        let attempt = self
+            .core
+            .try_acquire(&req.names, &req.token, req.ttl_ms, limit, req.own_token)
+            .await?;
         let fence = match attempt {
             Attempt::Acquired { fence } => fence,
             // Our own fresh token can only be there because fred re-sent the script.
             Attempt::AlreadyHeld { fence, .. } if req.own_token => fence,
             Attempt::AlreadyHeld { remaining, .. } => {
-                return Err(Error::AlreadyHeld { key: req.names.key.clone(), remaining_ttl: remaining })
+                return Err(Error::AlreadyHeld {
+                    key: req.names.key.clone(),
+                    remaining_ttl: remaining,
+                })
             }
             Attempt::Locked { remaining } => return Ok(Err(remaining)),
         };
@@ -255,7 +285,10 @@ impl Locker {
         let req = self.request(key, opts)?;
         self.attempt(&req)
             .await?
-            .map_err(|remaining| Error::Locked { key: req.names.key.clone(), remaining_ttl: remaining })
+            .map_err(|remaining| Error::Locked {
+                key: req.names.key.clone(),
+                remaining_ttl: remaining,
+            })
     }
 
     /// Takes the lock on `key`, retrying until `opts.wait` has passed. Each sleep is a backoff
@@ -285,7 +318,10 @@ impl Locker {
             let now = Instant::now();
             if now >= req.deadline {
                 if req.wait.is_zero() {
-                    return Err(Error::Locked { key: req.names.key.clone(), remaining_ttl: remaining });
+                    return Err(Error::Locked {
+                        key: req.names.key.clone(),
+                        remaining_ttl: remaining,
+                    });
                 }
                 return Err(last_error.unwrap_or_else(|| req.timeout_error(attempts)));
             }
@@ -330,10 +366,20 @@ impl Locker {
         let names = self.core.names(key)?;
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
-        match self.core.try_acquire(&names, token, ttl_ms, self.core.command_timeout, false).await? {
+        match self
+            .core
+            .try_acquire(&names, token, ttl_ms, self.core.command_timeout, false)
+            .await?
+        {
             Attempt::Acquired { fence } => Ok(fence),
-            Attempt::AlreadyHeld { remaining, .. } => Err(Error::AlreadyHeld { key: names.key, remaining_ttl: remaining }),
-            Attempt::Locked { remaining } => Err(Error::Locked { key: names.key, remaining_ttl: remaining }),
+            Attempt::AlreadyHeld { remaining, .. } => Err(Error::AlreadyHeld {
+                key: names.key,
+                remaining_ttl: remaining,
+            }),
+            Attempt::Locked { remaining } => Err(Error::Locked {
+                key: names.key,
+                remaining_ttl: remaining,
+            }),
         }
     }
 
@@ -348,7 +394,11 @@ impl Locker {
         let names = self.core.names(key)?;
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
-        if self.core.extend(&names, token, ttl_ms, self.core.command_timeout).await? {
+        if self
+            .core
+            .extend(&names, token, ttl_ms, self.core.command_timeout)
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::NotHeld { key: names.key })
@@ -365,7 +415,11 @@ impl Locker {
     pub async fn unlock(&self, key: &str, token: &str) -> Result<()> {
         let names = self.core.names(key)?;
         check_token(key, token)?;
-        if self.core.release(&names, token, self.core.command_timeout).await? {
+        if self
+            .core
+            .release(&names, token, self.core.command_timeout)
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::NotHeld { key: names.key })
@@ -375,7 +429,11 @@ impl Locker {
 
 /// A client for `url` with a reconnect policy and a command timeout.
 pub(crate) async fn connect_client(url: &str) -> Result<Client> {
-    let redis = |op, source| Error::Redis { key: String::new(), op, source };
+    let redis = |op, source| Error::Redis {
+        key: String::new(),
+        op,
+        source,
+    };
     let config = Config::from_url(url).map_err(|e| redis("parse url", e))?;
     let client = Builder::from_config(config)
         .with_performance_config(|p| p.default_command_timeout = DEFAULT_COMMAND_TIMEOUT)
@@ -390,7 +448,11 @@ pub(crate) async fn connect_client(url: &str) -> Result<Client> {
         Ok(Err(e)) => Err(redis("connect", e)),
         Err(_) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
-            Err(Error::Timeout { key: String::new(), op: "connect", after: Duration::from_secs(5) })
+            Err(Error::Timeout {
+                key: String::new(),
+                op: "connect",
+                after: Duration::from_secs(5),
+            })
         }
     }
 }

@@ -169,7 +169,11 @@ impl LockOptions {
             check_token(key, token)?;
         }
         if self.backoff.base.is_zero() {
-            return Err(bad("backoff.base", format!("{:?}", self.backoff.base), "must be non-zero"));
+            return Err(bad(
+                "backoff.base",
+                format!("{:?}", self.backoff.base),
+                "must be non-zero",
+            ));
         }
         if self.backoff.cap < self.backoff.base {
             return Err(bad(
@@ -179,13 +183,18 @@ impl LockOptions {
             ));
         }
         if tokio::time::Instant::now().checked_add(self.wait).is_none() {
-            return Err(bad("wait", format!("{:?}", self.wait), "too large to form a deadline"));
+            return Err(bad(
+                "wait",
+                format!("{:?}", self.wait),
+                "too large to form a deadline",
+            ));
         }
         Ok(Checked { ttl_ms })
     }
 }
 
 /// What validation derived.
+#[derive(Debug)]
 pub(crate) struct Checked {
     pub(crate) ttl_ms: u64,
 }
@@ -228,7 +237,10 @@ mod tests {
         assert_eq!(o.wait(), Duration::from_secs(5));
         assert_eq!(o.refresh_ratio(), 0.8);
         assert_eq!(o.token(), None);
-        assert_eq!(o.backoff(), Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)));
+        assert_eq!(
+            o.backoff(),
+            Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60))
+        );
         assert!(o.validate("k").is_ok());
     }
 
@@ -236,20 +248,30 @@ mod tests {
     fn each_bad_option_is_named() {
         let cases: Vec<(LockOptions, &str)> = vec![
             (LockOptions::new().with_ttl(Duration::ZERO), "ttl"),
-            (LockOptions::new().with_ttl(Duration::from_micros(999)), "ttl"),
+            (
+                LockOptions::new().with_ttl(Duration::from_micros(999)),
+                "ttl",
+            ),
             (LockOptions::new().with_ttl(Duration::MAX), "ttl"),
             (LockOptions::new().with_refresh_ratio(1.0), "refresh_ratio"),
             (LockOptions::new().with_refresh_ratio(-0.1), "refresh_ratio"),
-            (LockOptions::new().with_refresh_ratio(f64::NAN), "refresh_ratio"),
+            (
+                LockOptions::new().with_refresh_ratio(f64::NAN),
+                "refresh_ratio",
+            ),
             (LockOptions::new().with_token(""), "token"),
             (LockOptions::new().with_token("x".repeat(1025)), "token"),
             (LockOptions::new().with_wait(Duration::MAX), "wait"),
             (
-                LockOptions::new().with_backoff(Backoff::exponential(Duration::ZERO, Duration::ZERO)),
+                LockOptions::new()
+                    .with_backoff(Backoff::exponential(Duration::ZERO, Duration::ZERO)),
                 "backoff.base",
             ),
             (
-                LockOptions::new().with_backoff(Backoff::exponential(Duration::from_secs(2), Duration::from_secs(1))),
+                LockOptions::new().with_backoff(Backoff::exponential(
+                    Duration::from_secs(2),
+                    Duration::from_secs(1),
+                )),
                 "backoff.cap",
             ),
         ];

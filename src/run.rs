@@ -28,7 +28,11 @@ where
     E: From<Error>,
 {
     let token = guard.keep_alive();
-    let ctx = LockContext { token, key: guard.key().to_owned(), fence: guard.fence() };
+    let ctx = LockContext {
+        token,
+        key: guard.key().to_owned(),
+        fence: guard.fence(),
+    };
     // If this future is dropped here, the guard's drop stops the keep-alive and releases.
     let outcome = CatchUnwind(Box::pin(f(ctx))).await;
     let loss = guard.loss();
@@ -46,7 +50,11 @@ where
     }
     match released {
         // The lock vanished between the last refresh and the end of `f`.
-        Err(Error::NotHeld { key }) => Err(Error::Expired { key, reason: LossReason::TokenGone }.into()),
+        Err(Error::NotHeld { key }) => Err(Error::Expired {
+            key,
+            reason: LossReason::TokenGone,
+        }
+        .into()),
         Err(e) => {
             // `f` finished while the lock was valid; failing to release only delays the next
             // holder until the TTL. Report `f`'s result.

@@ -25,7 +25,9 @@ async fn mutual_exclusion_over_two_clients() {
     let a = Locker::new(server.client().await);
     let b = Locker::new(server.client().await);
     let counter = server.client().await;
-    let opts = tight().with_wait(Duration::from_secs(30)).with_ttl(Duration::from_secs(10));
+    let opts = tight()
+        .with_wait(Duration::from_secs(30))
+        .with_ttl(Duration::from_secs(10));
     let mut tasks = Vec::new();
     for i in 0..16 {
         let locker = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -33,10 +35,16 @@ async fn mutual_exclusion_over_two_clients() {
         let opts = opts.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..20 {
-                let guard = locker.acquire_wait("counter", &opts).await.expect("acquire");
+                let guard = locker
+                    .acquire_wait("counter", &opts)
+                    .await
+                    .expect("acquire");
                 let v: Option<i64> = counter.get("count").await.expect("GET");
                 tokio::task::yield_now().await;
-                let _: () = counter.set("count", v.unwrap_or(0) + 1, None, None, false).await.expect("SET");
+                let _: () = counter
+                    .set("count", v.unwrap_or(0) + 1, None, None, false)
+                    .await
+                    .expect("SET");
                 guard.release().await.expect("release");
             }
         }));
@@ -55,43 +63,78 @@ async fn fences_increase_across_holders_expiry_and_eviction() {
     let mut last = 0u64;
     for round in 0..5 {
         let g = locker.acquire("fenced", &opts).await.expect("acquire");
-        assert!(g.fence() > last, "round {round}: fence {} after {last}", g.fence());
+        assert!(
+            g.fence() > last,
+            "round {round}: fence {} after {last}",
+            g.fence()
+        );
         last = g.fence();
         if round % 2 == 0 {
             g.release().await.expect("release");
         } else {
             std::mem::forget(g); // let it expire instead
-            let _ = locker.acquire_wait("fenced", &tight()).await.map(std::mem::forget);
+            let _ = locker
+                .acquire_wait("fenced", &tight())
+                .await
+                .map(std::mem::forget);
             let _: i64 = client.del("{waitlock:fenced}").await.expect("DEL");
         }
     }
     // The fence counter itself is evicted: fences still grow (they are floored by Redis TIME).
     let _: i64 = client.del("{waitlock:fenced}:fence").await.expect("DEL");
-    let g = locker.acquire("fenced", &opts).await.expect("acquire after eviction");
-    assert!(g.fence() > last, "fence {} after eviction, earlier {last}", g.fence());
+    let g = locker
+        .acquire("fenced", &opts)
+        .await
+        .expect("acquire after eviction");
+    assert!(
+        g.fence() > last,
+        "fence {} after eviction, earlier {last}",
+        g.fence()
+    );
 }
 
 #[tokio::test]
 async fn fences_grow_across_a_redis_restart() {
     let (mut server, _client, locker) = setup().await;
-    let g = locker.acquire("restart", &LockOptions::new()).await.expect("acquire");
+    let g = locker
+        .acquire("restart", &LockOptions::new())
+        .await
+        .expect("acquire");
     let before = g.fence();
     std::mem::forget(g);
     server.restart();
     let client = server.client().await;
     let locker = Locker::new(client);
-    let g = locker.acquire("restart", &LockOptions::new()).await.expect("acquire after restart");
-    assert!(g.fence() > before, "fence {} after restart, earlier {before}", g.fence());
+    let g = locker
+        .acquire("restart", &LockOptions::new())
+        .await
+        .expect("acquire after restart");
+    assert!(
+        g.fence() > before,
+        "fence {} after restart, earlier {before}",
+        g.fence()
+    );
 }
 
 #[tokio::test]
 async fn wrong_token_gets_not_held_and_leaves_the_lock() {
     let (_s, client, locker) = setup().await;
-    let g = locker.acquire("owned", &LockOptions::new()).await.expect("acquire");
+    let g = locker
+        .acquire("owned", &LockOptions::new())
+        .await
+        .expect("acquire");
     let ttl = Duration::from_secs(5);
-    assert!(matches!(locker.extend("owned", "intruder", ttl).await, Err(Error::NotHeld { key }) if key == "owned"));
-    assert!(matches!(locker.unlock("owned", "intruder").await, Err(Error::NotHeld { .. })));
-    assert_eq!(raw_get(&client, "{waitlock:owned}").await.as_deref(), Some(g.token()));
+    assert!(
+        matches!(locker.extend("owned", "intruder", ttl).await, Err(Error::NotHeld { key }) if key == "owned")
+    );
+    assert!(matches!(
+        locker.unlock("owned", "intruder").await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert_eq!(
+        raw_get(&client, "{waitlock:owned}").await.as_deref(),
+        Some(g.token())
+    );
     let pttl: i64 = client.pttl("{waitlock:owned}").await.expect("PTTL");
     assert!(pttl > 25_000, "TTL changed by a wrong token: {pttl}");
     g.release().await.expect("release");
@@ -102,27 +145,57 @@ async fn wrong_token_gets_not_held_and_leaves_the_lock() {
 async fn token_level_control_as_in_the_seeds() {
     let (_s, client, locker) = setup().await;
     let ttl = Duration::from_secs(10);
-    let f1 = locker.try_lock("manual", "tok-1", ttl).await.expect("try_lock");
+    let f1 = locker
+        .try_lock("manual", "tok-1", ttl)
+        .await
+        .expect("try_lock");
     assert!(matches!(
         locker.try_lock("manual", "tok-1", ttl).await,
-        Err(Error::AlreadyHeld { remaining_ttl: Some(_), .. })
+        Err(Error::AlreadyHeld {
+            remaining_ttl: Some(_),
+            ..
+        })
     ));
-    assert!(matches!(locker.try_lock("manual", "tok-2", ttl).await, Err(Error::Locked { remaining_ttl: Some(_), .. })));
-    locker.extend("manual", "tok-1", Duration::from_secs(100)).await.expect("extend");
+    assert!(matches!(
+        locker.try_lock("manual", "tok-2", ttl).await,
+        Err(Error::Locked {
+            remaining_ttl: Some(_),
+            ..
+        })
+    ));
+    locker
+        .extend("manual", "tok-1", Duration::from_secs(100))
+        .await
+        .expect("extend");
     let pttl: i64 = client.pttl("{waitlock:manual}").await.expect("PTTL");
     assert!(pttl > 90_000, "extend did not set the TTL: {pttl}");
     locker.unlock("manual", "tok-1").await.expect("unlock");
-    assert!(matches!(locker.unlock("manual", "tok-1").await, Err(Error::NotHeld { .. })));
-    let f2 = locker.try_lock("manual", "tok-2", ttl).await.expect("try_lock again");
+    assert!(matches!(
+        locker.unlock("manual", "tok-1").await,
+        Err(Error::NotHeld { .. })
+    ));
+    let f2 = locker
+        .try_lock("manual", "tok-2", ttl)
+        .await
+        .expect("try_lock again");
     assert!(f2 > f1);
 }
 
 #[tokio::test]
 async fn expiry_frees_the_lock_and_locked_reports_the_ttl() {
     let (_s, _c, locker) = setup().await;
-    let g = locker.acquire("exp", &LockOptions::new().with_ttl(Duration::from_millis(100))).await.expect("acquire");
+    let g = locker
+        .acquire(
+            "exp",
+            &LockOptions::new().with_ttl(Duration::from_millis(100)),
+        )
+        .await
+        .expect("acquire");
     match locker.acquire("exp", &LockOptions::new()).await {
-        Err(Error::Locked { key, remaining_ttl: Some(r) }) => {
+        Err(Error::Locked {
+            key,
+            remaining_ttl: Some(r),
+        }) => {
             assert_eq!(key, "exp");
             assert!(r <= Duration::from_millis(100));
         }
@@ -130,28 +203,57 @@ async fn expiry_frees_the_lock_and_locked_reports_the_ttl() {
     }
     // With the default backoff (1 s base, 1 min cap) the wait is still cut to the holder's TTL.
     let started = std::time::Instant::now();
-    let g2 = locker.acquire_wait("exp", &LockOptions::new()).await.expect("takes the expired lock");
-    assert!(started.elapsed() < Duration::from_millis(900), "waited {:?} for a 100 ms TTL", started.elapsed());
+    let g2 = locker
+        .acquire_wait("exp", &LockOptions::new())
+        .await
+        .expect("takes the expired lock");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "waited {:?} for a 100 ms TTL",
+        started.elapsed()
+    );
     assert!(g2.fence() > g.fence());
-    assert!(matches!(g.release().await, Err(Error::NotHeld { .. })), "old holder must not release the new one");
+    assert!(
+        matches!(g.release().await, Err(Error::NotHeld { .. })),
+        "old holder must not release the new one"
+    );
     g2.release().await.expect("release");
 }
 
 #[tokio::test]
 async fn acquire_wait_honours_its_deadline_and_wait_zero() {
     let (_s, _c, locker) = setup().await;
-    let _held = locker.acquire("busy", &LockOptions::new()).await.expect("acquire");
+    let _held = locker
+        .acquire("busy", &LockOptions::new())
+        .await
+        .expect("acquire");
     let started = std::time::Instant::now();
-    match locker.acquire_wait("busy", &tight().with_wait(Duration::from_millis(200))).await {
-        Err(Error::WaitTimeout { key, waited, attempts }) => {
+    match locker
+        .acquire_wait("busy", &tight().with_wait(Duration::from_millis(200)))
+        .await
+    {
+        Err(Error::WaitTimeout {
+            key,
+            waited,
+            attempts,
+        }) => {
             assert_eq!(key, "busy");
-            assert!(waited >= Duration::from_millis(200), "gave up early: {waited:?}");
+            assert!(
+                waited >= Duration::from_millis(200),
+                "gave up early: {waited:?}"
+            );
             assert!(attempts >= 2);
         }
         other => panic!("expected WaitTimeout, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "hung past the deadline");
-    match locker.acquire_wait("busy", &LockOptions::new().with_wait(Duration::ZERO)).await {
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "hung past the deadline"
+    );
+    match locker
+        .acquire_wait("busy", &LockOptions::new().with_wait(Duration::ZERO))
+        .await
+    {
         Err(Error::Locked { .. }) => {}
         other => panic!("wait = 0 tries once: expected Locked, got {other:?}"),
     }
@@ -164,21 +266,48 @@ async fn invalid_input_is_refused_and_touches_nothing() {
     let bad: Vec<(&str, LockOptions)> = vec![
         ("", LockOptions::new()),
         ("k", LockOptions::new().with_ttl(Duration::ZERO)),
-        ("k", LockOptions::new().with_ttl(Duration::from_secs(u64::MAX))),
+        (
+            "k",
+            LockOptions::new().with_ttl(Duration::from_secs(u64::MAX)),
+        ),
         ("k", LockOptions::new().with_refresh_ratio(1.5)),
         ("k", LockOptions::new().with_refresh_ratio(f64::NAN)),
         ("k", LockOptions::new().with_token("")),
     ];
     for (key, opts) in bad {
-        let e = locker.acquire(key, &opts).await.expect_err("must be refused");
-        assert!(matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }), "{e:?}");
-        assert!(e.to_string().contains(&format!("{key:?}")), "message must name the key: {e}");
-        let e = locker.acquire_wait(key, &opts).await.expect_err("must be refused");
-        assert!(matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }), "{e:?}");
+        let e = locker
+            .acquire(key, &opts)
+            .await
+            .expect_err("must be refused");
+        assert!(
+            matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains(&format!("{key:?}")),
+            "message must name the key: {e}"
+        );
+        let e = locker
+            .acquire_wait(key, &opts)
+            .await
+            .expect_err("must be refused");
+        assert!(
+            matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }),
+            "{e:?}"
+        );
     }
-    assert!(matches!(locker.try_lock("k", "", Duration::from_secs(1)).await, Err(Error::InvalidOptions { field: "token", .. })));
-    assert!(matches!(locker.try_lock("k", "t", Duration::ZERO).await, Err(Error::InvalidOptions { field: "ttl", .. })));
-    assert!(matches!(locker.extend("", "t", Duration::from_secs(1)).await, Err(Error::InvalidKey { .. })));
+    assert!(matches!(
+        locker.try_lock("k", "", Duration::from_secs(1)).await,
+        Err(Error::InvalidOptions { field: "token", .. })
+    ));
+    assert!(matches!(
+        locker.try_lock("k", "t", Duration::ZERO).await,
+        Err(Error::InvalidOptions { field: "ttl", .. })
+    ));
+    assert!(matches!(
+        locker.extend("", "t", Duration::from_secs(1)).await,
+        Err(Error::InvalidKey { .. })
+    ));
     let after: i64 = cmd(&client, "DBSIZE", vec![]).await;
     assert_eq!(before, after, "bad input wrote to Redis");
 }
@@ -187,11 +316,29 @@ async fn invalid_input_is_refused_and_touches_nothing() {
 async fn odd_keys_work() {
     let (_s, _c, locker) = setup().await;
     let long = "k".repeat(1024);
-    for key in ["{braced}", "a}b{c", "with space", "ünïcødé 🔒", long.as_str()] {
+    for key in [
+        "{braced}",
+        "a}b{c",
+        "with space",
+        "ünïcødé 🔒",
+        long.as_str(),
+    ] {
         let g = locker.acquire(key, &LockOptions::new()).await.expect(key);
-        assert!(matches!(locker.acquire(key, &LockOptions::new()).await, Err(Error::Locked { .. })), "{key}");
+        assert!(
+            matches!(
+                locker.acquire(key, &LockOptions::new()).await,
+                Err(Error::Locked { .. })
+            ),
+            "{key}"
+        );
         g.release().await.expect(key);
-        locker.acquire(key, &LockOptions::new()).await.expect(key).release().await.expect(key);
+        locker
+            .acquire(key, &LockOptions::new())
+            .await
+            .expect(key)
+            .release()
+            .await
+            .expect(key);
     }
 }
 
@@ -219,22 +366,40 @@ async fn a_frozen_redis_gives_an_error_within_the_command_timeout() {
     let r = locker.acquire("frozen", &LockOptions::new()).await;
     let took = started.elapsed();
     server.resume();
-    assert!(matches!(r, Err(Error::Timeout { op: "acquire", .. })), "{r:?}");
-    assert!(took < Duration::from_secs(2), "took {took:?}: a call must not hang");
+    assert!(
+        matches!(r, Err(Error::Timeout { op: "acquire", .. })),
+        "{r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?}: a call must not hang"
+    );
     // After SIGCONT it works again, and the timed-out attempt left no lock behind.
     locker.idle().await;
-    let g = locker.acquire_wait("frozen", &tight()).await.expect("after resume");
+    let g = locker
+        .acquire_wait("frozen", &tight())
+        .await
+        .expect("after resume");
     g.release().await.expect("release");
 }
 
 #[tokio::test]
 async fn a_dropped_guard_frees_the_lock() {
     let (_s, client, locker) = setup().await;
-    let g = locker.acquire("dropped", &LockOptions::new()).await.expect("acquire");
+    let g = locker
+        .acquire("dropped", &LockOptions::new())
+        .await
+        .expect("acquire");
     drop(g);
     locker.idle().await;
     assert_eq!(raw_get(&client, "{waitlock:dropped}").await, None);
-    locker.acquire("dropped", &LockOptions::new()).await.expect("free again").release().await.expect("release");
+    locker
+        .acquire("dropped", &LockOptions::new())
+        .await
+        .expect("free again")
+        .release()
+        .await
+        .expect("release");
 }
 
 #[tokio::test]
@@ -245,10 +410,16 @@ async fn a_dropped_acquire_leaves_no_lock() {
         let l = Arc::clone(&locker);
         let fut = async move { l.acquire("cancelled", &LockOptions::new()).await };
         // Poll a little and drop at varying points.
-        let _ = tokio::time::timeout(Duration::from_micros(i * 5), fut).await.map(|r| r.map(|g| drop(g)));
+        let _ = tokio::time::timeout(Duration::from_micros(i * 5), fut)
+            .await
+            .map(|r| r.map(drop));
     }
     locker.idle().await;
-    assert_eq!(raw_get(&client, "{waitlock:cancelled}").await, None, "a cancelled acquire left a lock");
+    assert_eq!(
+        raw_get(&client, "{waitlock:cancelled}").await,
+        None,
+        "a cancelled acquire left a lock"
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::time::Duration;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
 async fn pubsub(server: &RedisServer) -> PubSubLocker {
-    PubSubLocker::new(server.client().await).await.expect("pubsub locker")
+    PubSubLocker::new(server.client().await)
+        .await
+        .expect("pubsub locker")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,7 +28,10 @@ async fn handoff_is_driven_by_notifications() {
         let (opts, handoffs, last_owner) = (opts.clone(), handoffs.clone(), last_owner.clone());
         tasks.push(tokio::spawn(async move {
             while handoffs.load(Ordering::SeqCst) < 1000 {
-                let g = locker.acquire_wait("baton", &opts).await.expect("no waiter may time out");
+                let g = locker
+                    .acquire_wait("baton", &opts)
+                    .await
+                    .expect("no waiter may time out");
                 if last_owner.swap(id, Ordering::SeqCst) != id {
                     handoffs.fetch_add(1, Ordering::SeqCst);
                 }
@@ -42,9 +47,16 @@ async fn handoff_is_driven_by_notifications() {
     let (sa, sb) = (a.stats(), b.stats());
     let notified = sa.by_notification + sb.by_notification;
     let timer = sa.by_timer + sb.by_timer;
-    println!("handoffs {} notification wakes {notified} timer wakes {timer}", handoffs.load(Ordering::SeqCst));
+    println!(
+        "handoffs {} notification wakes {notified} timer wakes {timer}",
+        handoffs.load(Ordering::SeqCst)
+    );
     assert!(notified > 0);
-    assert!(notified * 100 >= (notified + timer) * 99, "only {notified} of {} wakes were notifications", notified + timer);
+    assert!(
+        notified * 100 >= (notified + timer) * 99,
+        "only {notified} of {} wakes were notifications",
+        notified + timer
+    );
     assert_eq!(a.registry_size().waiters + b.registry_size().waiters, 0);
 }
 
@@ -53,12 +65,24 @@ async fn a_crashed_holder_is_replaced_promptly_after_its_ttl() {
     let server = RedisServer::start();
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
-    let g = holder.acquire("crash", &LockOptions::new().with_ttl(Duration::from_millis(300))).await.expect("acquire");
+    let g = holder
+        .acquire(
+            "crash",
+            &LockOptions::new().with_ttl(Duration::from_millis(300)),
+        )
+        .await
+        .expect("acquire");
     std::mem::forget(g); // never released: no PUBLISH ever comes
     let started = std::time::Instant::now();
-    let g = locker.acquire_wait("crash", &LockOptions::new()).await.expect("takes the expired lock");
+    let g = locker
+        .acquire_wait("crash", &LockOptions::new())
+        .await
+        .expect("takes the expired lock");
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(1000), "took {took:?} for a 300 ms TTL (backoff base 1 s)");
+    assert!(
+        took < Duration::from_millis(1000),
+        "took {took:?} for a 300 ms TTL (backoff base 1 s)"
+    );
     assert!(locker.stats().by_timer >= 1, "woken by the TTL timer");
     g.release().await.expect("release");
 }
@@ -71,7 +95,12 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription() {
     let holder = Locker::new(server.client().await);
     let mut held = Vec::new();
     for k in 0..10 {
-        held.push(holder.acquire(&format!("sweep-{k}"), &LockOptions::new()).await.expect("hold"));
+        held.push(
+            holder
+                .acquire(&format!("sweep-{k}"), &LockOptions::new())
+                .await
+                .expect("hold"),
+        );
     }
     let opts = tight().with_wait(Duration::from_secs(10));
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -96,11 +125,18 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription() {
     assert_eq!(locker.registry_size().waiters, 0);
     locker.subscriptions_settled().await;
     for k in 0..11 {
-        assert_eq!(numsub(&admin, &format!("{{waitlock:sweep-{k}}}:released")).await, 0, "sweep-{k}");
+        assert_eq!(
+            numsub(&admin, &format!("{{waitlock:sweep-{k}}}:released")).await,
+            0,
+            "sweep-{k}"
+        );
     }
     assert_eq!(lock_channels(&admin).await, 0);
     locker.locker().idle().await;
-    let free: Option<String> = admin.get::<Option<String>, _>("{waitlock:sweep-10}").await.expect("GET");
+    let free: Option<String> = admin
+        .get::<Option<String>, _>("{waitlock:sweep-10}")
+        .await
+        .expect("GET");
     assert_eq!(free, None, "a dropped waiter left the free key locked");
     drop(held);
 }
@@ -113,7 +149,10 @@ async fn waiters_survive_a_killed_subscriber_connection() {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
-    let g = holder.acquire("killsub", &LockOptions::new()).await.expect("hold");
+    let g = holder
+        .acquire("killsub", &LockOptions::new())
+        .await
+        .expect("hold");
     let opts = LockOptions::new().with_wait(Duration::from_secs(15));
     let mut tasks = Vec::new();
     for _ in 0..5 {
@@ -123,13 +162,18 @@ async fn waiters_survive_a_killed_subscriber_connection() {
             g.release().await
         }));
     }
-    eventually("5 waiters registered", Duration::from_secs(10), || locker.registry_size().waiters == 5).await;
+    eventually("5 waiters registered", Duration::from_secs(10), || {
+        locker.registry_size().waiters == 5
+    })
+    .await;
     locker.subscriptions_settled().await;
     let killed: i64 = common::cmd(&admin, "CLIENT KILL TYPE pubsub", vec![]).await;
     assert_eq!(killed, 1, "exactly one subscriber connection");
     g.release().await.expect("release");
     for t in tasks {
-        t.await.expect("task").expect("every waiter acquires and releases");
+        t.await
+            .expect("task")
+            .expect("every waiter acquires and releases");
     }
     assert!(locker.stats().reconnects >= 1, "{:?}", locker.stats());
 }
@@ -143,7 +187,10 @@ async fn waiters_survive_or_fail_cleanly_across_a_redis_restart() {
         .await
         .expect("locker");
     let holder = Locker::new(server.client().await);
-    let _g = holder.acquire("restart", &LockOptions::new()).await.expect("hold");
+    let _g = holder
+        .acquire("restart", &LockOptions::new())
+        .await
+        .expect("hold");
     let wait = Duration::from_secs(5);
     let opts = tight().with_wait(wait);
     let mut tasks = Vec::new();
@@ -153,13 +200,13 @@ async fn waiters_survive_or_fail_cleanly_across_a_redis_restart() {
             let started = tokio::time::Instant::now();
             let r = locker.acquire_wait("restart", &opts).await;
             let took = started.elapsed();
-            if let Ok(g) = &r {
-                let _ = g.fence();
-            }
-            (r.map(|g| std::mem::forget(g)), took)
+            (r.map(std::mem::forget), took)
         }));
     }
-    eventually("5 waiters registered", Duration::from_secs(10), || locker.registry_size().waiters == 5).await;
+    eventually("5 waiters registered", Duration::from_secs(10), || {
+        locker.registry_size().waiters == 5
+    })
+    .await;
     server.restart(); // the held lock vanishes with the data
     let mut acquired = 0;
     for t in tasks {
@@ -167,16 +214,25 @@ async fn waiters_survive_or_fail_cleanly_across_a_redis_restart() {
             .await
             .expect("a waiter hung past its deadline")
             .expect("task");
-        assert!(took < wait + Duration::from_secs(1), "returned {took:?} after a {wait:?} wait");
+        assert!(
+            took < wait + Duration::from_secs(1),
+            "returned {took:?} after a {wait:?} wait"
+        );
         match r {
             Ok(()) => acquired += 1,
             Err(e) => assert!(
-                matches!(e, Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis { .. }),
+                matches!(
+                    e,
+                    Error::WaitTimeout { .. } | Error::Timeout { .. } | Error::Redis { .. }
+                ),
                 "unclear error: {e:?}"
             ),
         }
     }
-    assert_eq!(acquired, 1, "exactly one waiter holds the lock after the restart (they never release)");
+    assert_eq!(
+        acquired, 1,
+        "exactly one waiter holds the lock after the restart (they never release)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,21 +243,36 @@ async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber() {
     let holder = Locker::new(server.client().await);
     let mut held = Vec::new();
     for k in 0..100 {
-        held.push(holder.acquire(&format!("scale-{k}"), &LockOptions::new()).await.expect("hold"));
+        held.push(
+            holder
+                .acquire(&format!("scale-{k}"), &LockOptions::new())
+                .await
+                .expect("hold"),
+        );
     }
     let opts = LockOptions::new().with_wait(Duration::from_secs(60));
     let mut tasks = Vec::new();
     for i in 0..1000 {
         let (locker, opts) = (locker.clone(), opts.clone());
         tasks.push(tokio::spawn(async move {
-            let g = locker.acquire_wait(&format!("scale-{}", i % 100), &opts).await.expect("acquire");
+            let g = locker
+                .acquire_wait(&format!("scale-{}", i % 100), &opts)
+                .await
+                .expect("acquire");
             g.release().await.expect("release");
         }));
     }
-    eventually("1000 waiters registered", Duration::from_secs(20), || locker.registry_size().waiters == 1000).await;
+    eventually("1000 waiters registered", Duration::from_secs(20), || {
+        locker.registry_size().waiters == 1000
+    })
+    .await;
     assert_eq!(locker.registry_size().keys, 100);
     locker.subscriptions_settled().await;
-    assert_eq!(pubsub_connections(&admin).await, 1, "one subscriber connection for all waiters");
+    assert_eq!(
+        pubsub_connections(&admin).await,
+        1,
+        "one subscriber connection for all waiters"
+    );
     assert_eq!(lock_channels(&admin).await, 100);
     for g in held {
         g.release().await.expect("release");
@@ -226,24 +297,48 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
     // Default backoff: without the notification the waiter would sleep up to a second.
     let opts = LockOptions::new().with_wait(Duration::from_secs(10));
 
-    let g = plain.acquire("interop", &LockOptions::new()).await.expect("hold");
+    let g = plain
+        .acquire("interop", &LockOptions::new())
+        .await
+        .expect("hold");
     let waiter = {
         let (locker, opts) = (locker.clone(), opts.clone());
         tokio::spawn(async move { locker.acquire_wait("interop", &opts).await })
     };
-    eventually("waiter registered", Duration::from_secs(10), || locker.registry_size().waiters == 1).await;
+    eventually("waiter registered", Duration::from_secs(10), || {
+        locker.registry_size().waiters == 1
+    })
+    .await;
     locker.subscriptions_settled().await;
     g.release().await.expect("release");
-    waiter.await.expect("task").expect("acquire").release().await.expect("release");
+    waiter
+        .await
+        .expect("task")
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
 
-    plain.try_lock("interop", "manual", Duration::from_secs(30)).await.expect("try_lock");
+    plain
+        .try_lock("interop", "manual", Duration::from_secs(30))
+        .await
+        .expect("try_lock");
     let waiter = {
         let (locker, opts) = (locker.clone(), opts.clone());
         tokio::spawn(async move { locker.acquire_wait("interop", &opts).await })
     };
-    eventually("waiter registered", Duration::from_secs(10), || locker.registry_size().waiters == 1).await;
+    eventually("waiter registered", Duration::from_secs(10), || {
+        locker.registry_size().waiters == 1
+    })
+    .await;
     locker.subscriptions_settled().await;
     plain.unlock("interop", "manual").await.expect("unlock");
-    waiter.await.expect("task").expect("acquire").release().await.expect("release");
+    waiter
+        .await
+        .expect("task")
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
     assert_eq!(locker.stats().by_notification, 2, "{:?}", locker.stats());
 }

@@ -28,7 +28,10 @@ async fn setup() -> (RedisServer, Client, Locker) {
 }
 
 async fn is_free(client: &Client, key: &str) -> bool {
-    let v: Option<String> = client.get(format!("{{waitlock:{key}}}")).await.expect("GET");
+    let v: Option<String> = client
+        .get(format!("{{waitlock:{key}}}"))
+        .await
+        .expect("GET");
     v.is_none()
 }
 
@@ -71,7 +74,10 @@ async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
             async move {
                 ctx.token.cancelled().await;
                 let pttl: i64 = client.pttl("{waitlock:norefresh}").await.expect("PTTL");
-                assert!(pttl > 0, "the token fired after Redis let the lock go (PTTL {pttl})");
+                assert!(
+                    pttl > 0,
+                    "the token fired after Redis let the lock go (PTTL {pttl})"
+                );
                 Ok::<_, Error>(())
             }
         })
@@ -95,18 +101,37 @@ async fn a_lock_deleted_behind_the_holder_cancels_within_one_refresh_interval() 
         .run("stolen", &opts, |ctx| {
             let client = client.clone();
             async move {
-                let _: () = client.set("{waitlock:stolen}", "thief", None, None, false).await.expect("SET");
+                let _: () = client
+                    .set("{waitlock:stolen}", "thief", None, None, false)
+                    .await
+                    .expect("SET");
                 let deleted = Instant::now();
                 ctx.token.cancelled().await;
                 let took = deleted.elapsed();
-                assert!(took <= interval + Duration::from_millis(50), "noticed after {took:?}");
+                assert!(
+                    took <= interval + Duration::from_millis(50),
+                    "noticed after {took:?}"
+                );
                 Ok::<_, Error>(())
             }
         })
         .await;
-    assert!(matches!(r, Err(Error::Expired { reason: LossReason::TokenGone, .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Expired {
+                reason: LossReason::TokenGone,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
     let v: Option<String> = client.get("{waitlock:stolen}").await.expect("GET");
-    assert_eq!(v.as_deref(), Some("thief"), "the release must not delete someone else's lock");
+    assert_eq!(
+        v.as_deref(),
+        Some("thief"),
+        "the release must not delete someone else's lock"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,17 +148,34 @@ async fn a_stopped_redis_cancels_by_the_validity_deadline() {
         .run("paused", &opts, |ctx| async move {
             // Every acquire or refresh so far was sent before this instant.
             let paused = Instant::now();
-            let status = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status().expect("kill");
+            let status = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status()
+                .expect("kill");
             assert!(status.success());
             ctx.token.cancelled().await;
             let after = paused.elapsed();
-            let _ = std::process::Command::new("kill").args(["-CONT", &pid.to_string()]).status();
-            assert!(after <= ttl, "cancelled {after:?} after the last refresh could have been sent; TTL {ttl:?}");
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status();
+            assert!(
+                after <= ttl,
+                "cancelled {after:?} after the last refresh could have been sent; TTL {ttl:?}"
+            );
             Ok::<_, Error>(())
         })
         .await;
     server.resume();
-    assert!(matches!(r, Err(Error::Expired { reason: LossReason::Unreachable, .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Expired {
+                reason: LossReason::Unreachable,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[tokio::test]
@@ -149,11 +191,21 @@ async fn the_closures_error_comes_back_and_the_lock_is_released() {
     assert!(matches!(r, Err(AppError::Business("no stock"))), "{r:?}");
     assert!(is_free(&client, "app").await);
     // And the lock error flows through the same type.
-    let _held = locker.acquire("app", &LockOptions::new()).await.expect("hold");
+    let _held = locker
+        .acquire("app", &LockOptions::new())
+        .await
+        .expect("hold");
     let r: Result<(), AppError> = locker
-        .run("app", &LockOptions::new().with_wait(Duration::ZERO), |_| async { Ok(()) })
+        .run(
+            "app",
+            &LockOptions::new().with_wait(Duration::ZERO),
+            |_| async { Ok(()) },
+        )
         .await;
-    assert!(matches!(r, Err(AppError::Lock(Error::Locked { .. }))), "{r:?}");
+    assert!(
+        matches!(r, Err(AppError::Lock(Error::Locked { .. }))),
+        "{r:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,9 +231,14 @@ async fn a_panic_releases_the_lock_then_propagates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_runs_leave_no_lock_and_no_task() {
     let (_s, client, locker) = setup().await;
-    let pubsub = PubSubLocker::new(locker.client().clone()).await.expect("pubsub");
+    let pubsub = PubSubLocker::new(locker.client().clone())
+        .await
+        .expect("pubsub");
     // A long TTL: a leaked lock would still be there when checked, not expired away.
-    let opts = tight().with_ttl(Duration::from_secs(60)).with_refresh_ratio(0.2).with_wait(Duration::from_secs(5));
+    let opts = tight()
+        .with_ttl(Duration::from_secs(60))
+        .with_refresh_ratio(0.2)
+        .with_wait(Duration::from_secs(5));
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut tasks = Vec::new();
     for i in 0..1000u64 {
@@ -209,10 +266,21 @@ async fn dropped_runs_leave_no_lock_and_no_task() {
     }
     locker.idle().await;
     pubsub.locker().idle().await;
-    assert_eq!(locker.background_tasks(), 0, "a refresher or release task is still running");
-    assert_eq!(pubsub.locker().background_tasks(), 0, "a refresher or release task is still running");
+    assert_eq!(
+        locker.background_tasks(),
+        0,
+        "a refresher or release task is still running"
+    );
+    assert_eq!(
+        pubsub.locker().background_tasks(),
+        0,
+        "a refresher or release task is still running"
+    );
     for k in 0..7 {
-        assert!(is_free(&client, &format!("drop-{k}")).await, "drop-{k} is still held");
+        assert!(
+            is_free(&client, &format!("drop-{k}")).await,
+            "drop-{k} is still held"
+        );
     }
     assert_eq!(pubsub.registry_size().waiters, 0);
 }
@@ -222,13 +290,19 @@ async fn a_guard_keep_alive_refreshes_and_stops_on_release() {
     let (_s, client, locker) = setup().await;
     let ttl = Duration::from_millis(150);
     let mut g = locker
-        .acquire("guarded", &LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.3))
+        .acquire(
+            "guarded",
+            &LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.3),
+        )
         .await
         .expect("acquire");
     let lost = g.keep_alive();
     let until = Instant::now() + ttl * 4;
     while Instant::now() < until {
-        assert!(matches!(locker.acquire("guarded", &LockOptions::new()).await, Err(Error::Locked { .. })));
+        assert!(matches!(
+            locker.acquire("guarded", &LockOptions::new()).await,
+            Err(Error::Locked { .. })
+        ));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!lost.is_cancelled());

@@ -144,13 +144,23 @@ impl Hub {
                 }
                 None => {
                     let slot = Arc::new(Slot::new());
-                    reg.insert(channel.to_owned(), Entry { slot: Arc::clone(&slot), waiters: 1 });
+                    reg.insert(
+                        channel.to_owned(),
+                        Entry {
+                            slot: Arc::clone(&slot),
+                            waiters: 1,
+                        },
+                    );
                     self.mark_dirty(channel.to_owned());
                     slot
                 }
             }
         };
-        Registration { hub: Arc::clone(self), channel: channel.to_owned(), slot }
+        Registration {
+            hub: Arc::clone(self),
+            channel: channel.to_owned(),
+            slot,
+        }
     }
 
     fn leave(&self, channel: &str) {
@@ -180,11 +190,16 @@ impl Hub {
     }
 
     fn slot(&self, channel: &str) -> Option<Arc<Slot>> {
-        lock(&self.registry).get(channel).map(|e| Arc::clone(&e.slot))
+        lock(&self.registry)
+            .get(channel)
+            .map(|e| Arc::clone(&e.slot))
     }
 
     fn wake_all(&self, reason: WakeReason) {
-        let slots: Vec<Arc<Slot>> = lock(&self.registry).values().map(|e| Arc::clone(&e.slot)).collect();
+        let slots: Vec<Arc<Slot>> = lock(&self.registry)
+            .values()
+            .map(|e| Arc::clone(&e.slot))
+            .collect();
         for s in slots {
             s.wake(reason);
         }
@@ -193,7 +208,10 @@ impl Hub {
     /// After a reconnect: every subscription is gone and messages may have been lost.
     fn on_reconnect(&self) {
         let channels: Vec<String> = lock(&self.registry).keys().cloned().collect();
-        tracing::debug!(channels = channels.len(), "subscriber reconnected; resubscribing and waking every waiter");
+        tracing::debug!(
+            channels = channels.len(),
+            "subscriber reconnected; resubscribing and waking every waiter"
+        );
         lock(&self.dirty).extend(channels);
         self.manager_wake.notify_one();
         self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -205,10 +223,14 @@ impl Hub {
     async fn sync(&self) -> bool {
         let (mut channels, requested) = {
             let mut dirty = lock(&self.dirty);
-            (std::mem::take(&mut *dirty), self.requested.load(Ordering::SeqCst))
+            (
+                std::mem::take(&mut *dirty),
+                self.requested.load(Ordering::SeqCst),
+            )
         };
         if channels.is_empty() {
-            self.applied.send_if_modified(|a| std::mem::replace(a, requested) != requested);
+            self.applied
+                .send_if_modified(|a| std::mem::replace(a, requested) != requested);
             return true;
         }
         channels.sort_unstable();
@@ -239,15 +261,20 @@ impl Hub {
         .await;
         match result {
             Ok(Ok(())) => {
-                self.counters.subscribes.fetch_add(sub_names.len() as u64, Ordering::Relaxed);
-                self.counters.unsubscribes.fetch_add(unsubs.len() as u64, Ordering::Relaxed);
+                self.counters
+                    .subscribes
+                    .fetch_add(sub_names.len() as u64, Ordering::Relaxed);
+                self.counters
+                    .unsubscribes
+                    .fetch_add(unsubs.len() as u64, Ordering::Relaxed);
                 for (_, slot) in subs {
                     if slot.sub.send_replace(SubState::Confirmed) == SubState::Failed {
                         // Waiters polled on timers meanwhile and may have missed a release.
                         slot.wake(WakeReason::Resubscribed);
                     }
                 }
-                self.applied.send_if_modified(|a| std::mem::replace(a, requested) != requested);
+                self.applied
+                    .send_if_modified(|a| std::mem::replace(a, requested) != requested);
                 true
             }
             failed => {

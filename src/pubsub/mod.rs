@@ -61,6 +61,15 @@ impl PubSubLocker {
         Locker::builder(client)
     }
 
+    /// Connects a new client to `url` with a reconnect policy and a command timeout, as
+    /// [`Locker::connect`]; finish with [`LockerBuilder::build_pubsub`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::connect`].
+    pub async fn connect(url: &str) -> Result<LockerBuilder> {
+        Locker::connect(url).await
+    }
+
     pub(crate) async fn start(locker: Locker) -> Result<PubSubLocker> {
         let core = &locker.core;
         let client = core.backend.client();
@@ -79,7 +88,11 @@ impl PubSubLocker {
         let messages = subscriber.message_rx();
         let reconnects = subscriber.reconnect_rx();
         let connect_limit = core.command_timeout.max(Duration::from_secs(1));
-        let fail = |source| Error::Redis { key: String::new(), op: "connect subscriber", source };
+        let fail = |source| Error::Redis {
+            key: String::new(),
+            op: "connect subscriber",
+            source,
+        };
         match tokio::time::timeout(connect_limit, subscriber.init()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(fail(e)),
@@ -88,7 +101,11 @@ impl PubSubLocker {
                 tokio::spawn(async move {
                     let _ = tokio::time::timeout(Duration::from_secs(1), s.quit()).await;
                 });
-                return Err(Error::Timeout { key: String::new(), op: "connect subscriber", after: connect_limit });
+                return Err(Error::Timeout {
+                    key: String::new(),
+                    op: "connect subscriber",
+                    after: connect_limit,
+                });
             }
         }
         let hub = Hub::start(subscriber, messages, reconnects, core.command_timeout);

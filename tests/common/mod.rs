@@ -30,22 +30,43 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let dir = std::env::temp_dir().join(format!("waitlock-test-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "waitlock-test-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         for _ in 0..5 {
-            let mut s = RedisServer { child: None, port: free_port(), dir: dir.clone(), paused: false };
+            let mut s = RedisServer {
+                child: None,
+                port: free_port(),
+                dir: dir.clone(),
+                paused: false,
+            };
             if s.spawn() {
                 return s;
             }
         }
-        panic!("redis-server did not start on a free port after 5 tries; log in {}", dir.display());
+        panic!(
+            "redis-server did not start on a free port after 5 tries; log in {}",
+            dir.display()
+        );
     }
 
     /// Starts the process on `self.port`; true once it answers PING.
     fn spawn(&mut self) -> bool {
         let log = self.dir.join(format!("redis-{}.log", self.port));
         let child = Command::new(binary())
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -83,7 +104,9 @@ impl RedisServer {
 
     /// A raw PING over TCP.
     pub fn ping(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
         let mut buf = [0u8; 7];
         s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
@@ -98,7 +121,10 @@ impl RedisServer {
     }
 
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill").args([sig, &self.pid().to_string()]).status().expect("run kill");
+        let status = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("run kill");
         assert!(status.success(), "kill {sig} {} failed", self.pid());
     }
 
@@ -106,7 +132,9 @@ impl RedisServer {
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             if self.paused {
-                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-CONT", &c.id().to_string()])
+                    .status();
                 self.paused = false;
             }
             let _ = c.kill();
@@ -119,7 +147,11 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.spawn() {
-            assert!(Instant::now() < deadline, "redis-server did not restart on port {}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -140,14 +172,19 @@ impl RedisServer {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join(format!("redis-{}.log", self.port))).unwrap_or_default()
+        std::fs::read_to_string(self.dir.join(format!("redis-{}.log", self.port)))
+            .unwrap_or_default()
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("--- redis-server log (port {}) ---\n{}", self.port, self.log());
+            eprintln!(
+                "--- redis-server log (port {}) ---\n{}",
+                self.port,
+                self.log()
+            );
         }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -162,7 +199,10 @@ pub async fn client_for(url: &str) -> Client {
         .set_policy(ReconnectPolicy::new_constant(0, 20))
         .build()
         .expect("client");
-    client.init().await.expect("connect to the test redis-server");
+    client
+        .init()
+        .await
+        .expect("connect to the test redis-server");
     client
 }
 
@@ -180,9 +220,17 @@ pub async fn cmd<R: FromValue>(client: &Client, name: &'static str, args: Vec<Va
         Some((h, r)) => (h, Some(r)),
         None => (name, None),
     };
-    let mut all: Vec<Value> = rest.map(|r| r.split(' ').map(|s| Value::from(s.to_owned())).collect()).unwrap_or_default();
+    let mut all: Vec<Value> = rest
+        .map(|r| r.split(' ').map(|s| Value::from(s.to_owned())).collect())
+        .unwrap_or_default();
     all.extend(args);
-    client.custom(fred::types::CustomCommand::new_static(head, None, false), all).await.expect(name)
+    client
+        .custom(
+            fred::types::CustomCommand::new_static(head, None, false),
+            all,
+        )
+        .await
+        .expect(name)
 }
 
 /// Number of subscriber channels matching the lock channels, via PUBSUB CHANNELS.
@@ -194,20 +242,30 @@ pub async fn lock_channels(client: &Client) -> usize {
 /// `CLIENT LIST` lines whose flags show a pub/sub connection.
 pub async fn pubsub_connections(client: &Client) -> usize {
     let list: String = cmd(client, "CLIENT LIST", vec![]).await;
-    list.lines().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count()
+    list.lines()
+        .filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
+        .count()
 }
 
 /// Waits until `cond` holds, checking every millisecond, failing after `limit`.
 pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + limit;
     while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {limit:?} waiting for: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
 /// PUBSUB NUMSUB of one channel.
 pub async fn numsub(client: &Client, channel: &str) -> i64 {
-    let v: Vec<Value> = cmd(client, "PUBSUB NUMSUB", vec![Value::from(channel.to_owned())]).await;
+    let v: Vec<Value> = cmd(
+        client,
+        "PUBSUB NUMSUB",
+        vec![Value::from(channel.to_owned())],
+    )
+    .await;
     v.get(1).and_then(|x| x.as_i64()).unwrap_or(-1)
 }
