@@ -1,0 +1,529 @@
+//! Contention benchmark: handoff latency, Redis load per acquisition, fairness, wait-timeout
+//! precision and memory at scale, for `Locker` (default and tight backoff) and `PubSubLocker`.
+//!
+//! `cargo bench --bench contention` (full) or `cargo bench --bench contention -- --quick`.
+//! Uses a private `redis-server` unless `REDIS_URL` is set. Worker processes are copies of
+//! this binary. Prints a table and writes one JSON object per configuration to
+//! `target/waitlock-bench.json`.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Mutex;
+use waitlock::fred::prelude::*;
+use waitlock::{Backoff, LockGuard, LockOptions, Locker, PubSubLocker};
+
+const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
+
+fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn env_n(name: &str) -> usize {
+    env(name).parse().unwrap_or(0)
+}
+
+// ---------------------------------------------------------------- worker side
+
+enum AnyLocker {
+    Poll(Locker),
+    Sub(PubSubLocker),
+}
+
+impl AnyLocker {
+    async fn acquire(&self, key: &str, o: &LockOptions) -> waitlock::Result<LockGuard> {
+        match self {
+            AnyLocker::Poll(l) => l.acquire(key, o).await,
+            AnyLocker::Sub(l) => l.acquire(key, o).await,
+        }
+    }
+    async fn acquire_wait(&self, key: &str, o: &LockOptions) -> waitlock::Result<LockGuard> {
+        match self {
+            AnyLocker::Poll(l) => l.acquire_wait(key, o).await,
+            AnyLocker::Sub(l) => l.acquire_wait(key, o).await,
+        }
+    }
+    fn stats_line(&self) -> String {
+        match self {
+            AnyLocker::Poll(_) => "S 0 0 0".into(),
+            AnyLocker::Sub(l) => {
+                let s = l.stats();
+                format!("S {} {} {}", s.by_notification, s.by_timer, s.by_reconnect + s.by_lagged + s.by_resubscribe)
+            }
+        }
+    }
+}
+
+fn options(kind: &str) -> LockOptions {
+    let o = LockOptions::new().with_ttl(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
+    if kind == "locker-tight" {
+        o.with_backoff(Backoff::exponential(Duration::from_millis(1), Duration::from_millis(8)))
+    } else {
+        o
+    }
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
+async fn worker() {
+    let url = env("BENCH_URL");
+    let kind = env("BENCH_LOCKER");
+    let workload = env("BENCH_WORKLOAD");
+    let tasks = env_n("BENCH_TASKS");
+    let iters = env_n("BENCH_ITERS");
+    let base = env_n("BENCH_BASE_ID");
+    let builder = Locker::connect(&url).await.expect("worker connect");
+    let locker = Arc::new(if kind == "pubsub" {
+        AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub"))
+    } else {
+        AnyLocker::Poll(builder.build().expect("locker"))
+    });
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready").ok();
+    out.flush().ok();
+    drop(out);
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).ok();
+
+    let records = Arc::new(Mutex::new(Vec::<String>::new()));
+    match workload.as_str() {
+        "uncontended" | "handoff" => {
+            let mut handles = Vec::new();
+            for t in 0..tasks {
+                let (locker, records) = (locker.clone(), records.clone());
+                let id = base + t;
+                let key = if workload == "handoff" { "bench-handoff".to_owned() } else { format!("bench-own-{id}") };
+                let opts = options(&kind);
+                let hold = workload == "handoff";
+                handles.push(tokio::spawn(async move {
+                    let mut mine = Vec::with_capacity(iters);
+                    for _ in 0..iters {
+                        let g = if hold {
+                            locker.acquire_wait(&key, &opts).await.expect("acquire_wait")
+                        } else {
+                            locker.acquire(&key, &opts).await.expect("acquire")
+                        };
+                        let acquired = now_ns();
+                        if hold {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        let release_start = now_ns();
+                        g.release().await.expect("release");
+                        mine.push(format!("R {id} {acquired} {release_start}"));
+                    }
+                    records.lock().await.extend(mine);
+                }));
+            }
+            for h in handles {
+                h.await.expect("task");
+            }
+        }
+        "wait-timeout" => {
+            let opts = options(&kind).with_wait(Duration::from_millis(200));
+            for _ in 0..iters {
+                let start = std::time::Instant::now();
+                let r = locker.acquire_wait("bench-held", &opts).await;
+                let over = start.elapsed().as_nanos() as i64 - 200_000_000;
+                assert!(matches!(r, Err(waitlock::Error::WaitTimeout { .. })), "{r:?}");
+                records.lock().await.push(format!("T {over}"));
+            }
+        }
+        "scale" => {
+            let client = locker_client(&locker);
+            let holder = Locker::new(client.clone());
+            let keys = 1000;
+            let mut held = Vec::new();
+            for k in 0..keys {
+                held.push(holder.acquire(&format!("bench-scale-{k}"), &LockOptions::new()).await.expect("hold"));
+            }
+            let before = rss_bytes();
+            let opts = options(&kind).with_wait(Duration::from_secs(120));
+            let mut handles = Vec::new();
+            for i in 0..tasks {
+                let (locker, opts) = (locker.clone(), opts.clone());
+                handles.push(tokio::spawn(async move {
+                    let g = locker.acquire_wait(&format!("bench-scale-{}", i % keys), &opts).await.expect("wait");
+                    g.release().await.expect("release");
+                }));
+            }
+            // Wait until every waiter is registered (pub/sub) or has made its first attempt.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let ready = match &*locker {
+                    AnyLocker::Sub(l) => l.registry_size().waiters == tasks,
+                    AnyLocker::Poll(_) => true,
+                };
+                if ready || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if let AnyLocker::Sub(l) = &*locker {
+                l.subscriptions_settled().await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await; // let the Locker's waiters settle into sleeping
+            let during = rss_bytes();
+            let list: String = common::cmd(&client, "CLIENT LIST", vec![]).await;
+            let subs = list.lines().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count();
+            for g in held {
+                g.release().await.expect("release");
+            }
+            for h in handles {
+                h.await.expect("waiter");
+            }
+            let registry = match &*locker {
+                AnyLocker::Sub(l) => l.registry_size().waiters,
+                AnyLocker::Poll(_) => 0,
+            };
+            let after = rss_bytes();
+            records.lock().await.push(format!("M {before} {during} {after} {subs} {registry}"));
+        }
+        other => panic!("unknown workload {other}"),
+    }
+    let mut out = std::io::stdout().lock();
+    for r in records.lock().await.iter() {
+        writeln!(out, "{r}").ok();
+    }
+    writeln!(out, "{}", locker.stats_line()).ok();
+    out.flush().ok();
+}
+
+fn locker_client(l: &AnyLocker) -> Client {
+    match l {
+        AnyLocker::Poll(l) => l.client().clone(),
+        AnyLocker::Sub(l) => l.locker().client().clone(),
+    }
+}
+
+// ---------------------------------------------------------------- coordinator side
+
+/// Commands a waitlock client sends, and commands its scripts run inside Redis.
+const CLIENT_CMDS: [&str; 7] = ["evalsha", "eval", "script|load", "subscribe", "unsubscribe", "ping", "script"];
+const LUA_CMDS: [&str; 8] = ["get", "set", "pttl", "incr", "time", "pexpire", "del", "publish"];
+
+async fn commandstats(admin: &Client) -> HashMap<String, u64> {
+    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, names: &[&str]) -> u64 {
+    names.iter().map(|n| after.get(*n).unwrap_or(&0) - before.get(*n).unwrap_or(&0)).sum()
+}
+
+struct Run {
+    records: Vec<String>,
+    calls: u64,
+    commands: u64,
+    wall: Duration,
+    stats: (u64, u64, u64),
+}
+
+async fn run_config(admin: &Client, url: &str, kind: &str, workload: &str, procs: usize, tasks: usize, iters: usize) -> Run {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut children = Vec::new();
+    for p in 0..procs {
+        let child = Command::new(&exe)
+            .env("BENCH_WORKER", "1")
+            .env("BENCH_URL", url)
+            .env("BENCH_LOCKER", kind)
+            .env("BENCH_WORKLOAD", workload)
+            .env("BENCH_TASKS", tasks.to_string())
+            .env("BENCH_ITERS", iters.to_string())
+            .env("BENCH_BASE_ID", (p * tasks).to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn worker");
+        children.push(child);
+    }
+    let mut readers = Vec::new();
+    for c in children.iter_mut() {
+        let mut r = BufReader::new(c.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        r.read_line(&mut line).expect("ready line");
+        assert_eq!(line.trim(), "ready", "worker did not start");
+        readers.push(r);
+    }
+    let before = commandstats(admin).await;
+    let start = std::time::Instant::now();
+    for c in children.iter_mut() {
+        let mut stdin = c.stdin.take().expect("stdin");
+        writeln!(stdin, "go").expect("go");
+    }
+    let handles: Vec<_> = readers
+        .into_iter()
+        .map(|r| std::thread::spawn(move || r.lines().map_while(Result::ok).collect::<Vec<_>>()))
+        .collect();
+    let mut lines = Vec::new();
+    for h in handles {
+        lines.extend(h.join().expect("reader"));
+    }
+    for mut c in children {
+        let status = c.wait().expect("wait worker");
+        assert!(status.success(), "a worker failed");
+    }
+    let wall = start.elapsed();
+    let after = commandstats(admin).await;
+    let calls = delta(&before, &after, &CLIENT_CMDS);
+    let commands = calls + delta(&before, &after, &LUA_CMDS);
+    let mut stats = (0, 0, 0);
+    let mut records = Vec::new();
+    for l in lines {
+        if let Some(s) = l.strip_prefix("S ") {
+            let v: Vec<u64> = s.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if v.len() == 3 {
+                stats = (stats.0 + v[0], stats.1 + v[1], stats.2 + v[2]);
+            }
+        } else {
+            records.push(l);
+        }
+    }
+    Run { records, calls, commands, wall, stats }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+struct Report {
+    fields: Vec<(String, String)>,
+}
+
+impl Report {
+    fn new(locker: &str, workload: &str, workers: usize, procs: usize) -> Report {
+        let mut r = Report { fields: Vec::new() };
+        r.s("locker", locker);
+        r.s("workload", workload);
+        r.n("workers", workers as f64);
+        r.n("procs", procs as f64);
+        r
+    }
+    fn s(&mut self, k: &str, v: &str) {
+        self.fields.push((k.into(), format!("\"{v}\"")));
+    }
+    fn n(&mut self, k: &str, v: f64) {
+        let v = if v.is_finite() { format!("{}", (v * 1000.0).round() / 1000.0) } else { "null".into() };
+        self.fields.push((k.into(), v));
+    }
+    fn json(&self) -> String {
+        let body: Vec<String> = self.fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{{}}}", body.join(","))
+    }
+    fn line(&self) -> String {
+        self.fields.iter().map(|(k, v)| format!("{k}={}", v.trim_matches('"'))).collect::<Vec<_>>().join("  ")
+    }
+}
+
+fn handoff_figures(r: &mut Report, run: &Run) {
+    let mut holds: Vec<(u64, u64, u64)> = run
+        .records
+        .iter()
+        .filter_map(|l| {
+            let v: Vec<u64> = l.strip_prefix("R ")?.split(' ').filter_map(|x| x.parse().ok()).collect();
+            (v.len() == 3).then(|| (v[1], v[2], v[0]))
+        })
+        .collect();
+    holds.sort_unstable();
+    let n = holds.len();
+    let mut all = Vec::new();
+    let mut diff = Vec::new();
+    let (mut same, mut overlaps) = (0usize, 0usize);
+    let mut per_worker: HashMap<u64, usize> = HashMap::new();
+    for (i, h) in holds.iter().enumerate() {
+        *per_worker.entry(h.2).or_default() += 1;
+        if i == 0 {
+            continue;
+        }
+        let prev = holds[i - 1];
+        if h.0 < prev.1 {
+            overlaps += 1;
+        }
+        let gap = (h.0 as f64 - prev.1 as f64) / 1e6;
+        all.push(gap);
+        if h.2 == prev.2 {
+            same += 1;
+        } else {
+            diff.push(gap);
+        }
+    }
+    all.sort_by(f64::total_cmp);
+    diff.sort_by(f64::total_cmp);
+    r.n("acquisitions", n as f64);
+    r.n("acq_per_s", n as f64 / run.wall.as_secs_f64());
+    for (name, v) in [("gap_all", &all), ("gap_diff", &diff)] {
+        r.n(&format!("{name}_p50_ms"), pct(v, 0.5));
+        r.n(&format!("{name}_p90_ms"), pct(v, 0.9));
+        r.n(&format!("{name}_p99_ms"), pct(v, 0.99));
+        r.n(&format!("{name}_max_ms"), v.last().copied().unwrap_or(f64::NAN));
+    }
+    r.n("same_worker_share", same as f64 / (n.max(2) - 1) as f64);
+    r.n("calls_per_acq", run.calls as f64 / n.max(1) as f64);
+    r.n("commands_per_acq", run.commands as f64 / n.max(1) as f64);
+    let min = per_worker.values().min().copied().unwrap_or(0);
+    let max = per_worker.values().max().copied().unwrap_or(1);
+    r.n("fair_min", min as f64);
+    r.n("fair_max", max as f64);
+    r.n("fairness_min_over_max", min as f64 / max as f64);
+    r.n("violations", overlaps as f64);
+    r.n("wakes_notification", run.stats.0 as f64);
+    r.n("wakes_timer", run.stats.1 as f64);
+}
+
+async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
+    let port = port?;
+    let acquire: String = admin.custom(waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false), vec!["LOAD", waitlock::scripts::ACQUIRE]).await.ok()?;
+    let release: String = admin.custom(waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false), vec!["LOAD", waitlock::scripts::RELEASE]).await.ok()?;
+    let rps = |args: Vec<String>| -> Option<f64> {
+        let out = Command::new("redis-benchmark")
+            .args(["-p", &port.to_string(), "-c", "16", "-n", &requests.to_string(), "-r", "100000000", "--csv"])
+            .args(args)
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text.lines().last()?;
+        row.split(',').nth(1)?.trim_matches('"').parse().ok()
+    };
+    let a = rps(vec!["EVALSHA".into(), acquire, "2".into(), "{b:__rand_int__}".into(), "{b:__rand_int__}:fence".into(), "tok".into(), "30000".into(), "604800000".into()])?;
+    let r = rps(vec!["EVALSHA".into(), release, "2".into(), "{b:__rand_int__}".into(), "{b:__rand_int__}:released".into(), "tok".into()])?;
+    Some((a, r))
+}
+
+async fn coordinator(quick: bool) {
+    let server = if std::env::var("REDIS_URL").is_ok() { None } else { Some(common::RedisServer::start()) };
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
+    let admin = common::client_for(&url).await;
+    let version: String = common::cmd(&admin, "INFO server", vec![]).await;
+    let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
+    println!("waitlock contention benchmark ({}), Redis {version} at {url}", if quick { "quick" } else { "full" });
+    let mut reports: Vec<Report> = Vec::new();
+    let mut emit = |r: Report| {
+        println!("{}", r.line());
+        reports.push(r);
+    };
+
+    // 1. uncontended
+    let k = if quick { 2000 } else { 20000 };
+    for kind in LOCKERS {
+        for tasks in [1usize, 16] {
+            let iters = k / tasks;
+            let run = run_config(&admin, &url, kind, "uncontended", 1, tasks, iters).await;
+            let pairs = run.records.len();
+            let mut r = Report::new(kind, "uncontended", tasks, 1);
+            r.n("pairs", pairs as f64);
+            r.n("pairs_per_s", pairs as f64 / run.wall.as_secs_f64());
+            r.n("calls_per_pair", run.calls as f64 / pairs as f64);
+            r.n("commands_per_pair", run.commands as f64 / pairs as f64);
+            emit(r);
+        }
+    }
+    if let Some((a, rel)) = ceiling(&admin, server.as_ref().map(|s| s.port), if quick { 20000 } else { 200000 }).await {
+        let mut r = Report::new("redis-benchmark", "ceiling", 16, 1);
+        r.n("acquire_rps", a);
+        r.n("release_rps", rel);
+        r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
+        emit(r);
+    }
+
+    // 2. handoff
+    for kind in LOCKERS {
+        for workers in [8usize, 64] {
+            let total = match (kind, quick) {
+                ("locker-default", true) => 40,
+                ("locker-default", false) => 200,
+                (_, true) => 400,
+                (_, false) => 2000,
+            };
+            let iters = (total / workers).max(1);
+            let run = run_config(&admin, &url, kind, "handoff", 4, workers / 4, iters).await;
+            let mut r = Report::new(kind, "handoff", workers, 4);
+            handoff_figures(&mut r, &run);
+            emit(r);
+        }
+    }
+
+    // 3. wait-timeout
+    let holder = Locker::new(admin.clone());
+    let held = holder.acquire("bench-held", &LockOptions::new().with_ttl(Duration::from_secs(60))).await.expect("hold");
+    for kind in LOCKERS {
+        let trials = 20;
+        let run = run_config(&admin, &url, kind, "wait-timeout", 1, 1, trials).await;
+        let mut over: Vec<f64> = run
+            .records
+            .iter()
+            .filter_map(|l| l.strip_prefix("T ")?.parse::<f64>().ok())
+            .map(|ns| ns / 1e6)
+            .collect();
+        over.sort_by(f64::total_cmp);
+        let mut r = Report::new(kind, "wait-timeout", 1, 1);
+        r.n("trials", over.len() as f64);
+        r.n("overshoot_p50_ms", pct(&over, 0.5));
+        r.n("overshoot_max_ms", over.last().copied().unwrap_or(f64::NAN));
+        r.n("calls_per_trial", run.calls as f64 / trials as f64);
+        r.n("commands_per_trial", run.commands as f64 / trials as f64);
+        emit(r);
+    }
+    held.release().await.expect("release");
+
+    // 4. scale
+    let waiters = if quick { 2000 } else { 10000 };
+    for kind in ["locker-default", "pubsub"] {
+        let run = run_config(&admin, &url, kind, "scale", 1, waiters, 1).await;
+        let m: Vec<u64> = run
+            .records
+            .iter()
+            .find_map(|l| l.strip_prefix("M "))
+            .map(|s| s.split(' ').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_default();
+        let mut r = Report::new(kind, "scale", waiters, 1);
+        if let [before, during, after, subs, registry] = m[..] {
+            r.n("rss_before_mib", before as f64 / 1048576.0);
+            r.n("rss_waiting_mib", during as f64 / 1048576.0);
+            r.n("rss_after_mib", after as f64 / 1048576.0);
+            r.n("bytes_per_waiter", (during as f64 - before as f64) / waiters as f64);
+            r.n("subscriber_connections", subs as f64);
+            r.n("registry_after", registry as f64);
+        }
+        r.n("calls_per_waiter", run.calls as f64 / waiters as f64);
+        emit(r);
+    }
+
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/waitlock-bench.json");
+    let body: String = reports.iter().map(|r| r.json() + "\n").collect();
+    match std::fs::write(&path, body) {
+        Ok(()) => println!("\nwrote {}", path.display()),
+        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    if std::env::var("BENCH_WORKER").is_ok() {
+        rt.block_on(worker());
+    } else {
+        let quick = std::env::args().any(|a| a == "--quick");
+        rt.block_on(coordinator(quick));
+    }
+}
