@@ -7,7 +7,6 @@
 //! `target/waitlock-bench.json`.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::collections::HashMap;
@@ -22,7 +21,10 @@ use waitlock::{Backoff, LockGuard, LockOptions, Locker, PubSubLocker};
 const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
 
 fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 fn env(name: &str) -> String {
@@ -58,16 +60,26 @@ impl AnyLocker {
             AnyLocker::Poll(_) => "S 0 0 0".into(),
             AnyLocker::Sub(l) => {
                 let s = l.stats();
-                format!("S {} {} {}", s.by_notification, s.by_timer, s.by_reconnect + s.by_lagged + s.by_resubscribe)
+                format!(
+                    "S {} {} {}",
+                    s.by_notification,
+                    s.by_timer,
+                    s.by_reconnect + s.by_lagged + s.by_resubscribe
+                )
             }
         }
     }
 }
 
 fn options(kind: &str) -> LockOptions {
-    let o = LockOptions::new().with_ttl(Duration::from_secs(30)).with_wait(Duration::from_secs(30));
+    let o = LockOptions::new()
+        .with_ttl(Duration::from_secs(30))
+        .with_wait(Duration::from_secs(30));
     if kind == "locker-tight" {
-        o.with_backoff(Backoff::exponential(Duration::from_millis(1), Duration::from_millis(8)))
+        o.with_backoff(Backoff::exponential(
+            Duration::from_millis(1),
+            Duration::from_millis(8),
+        ))
     } else {
         o
     }
@@ -75,7 +87,12 @@ fn options(kind: &str) -> LockOptions {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 4096
 }
 
 async fn worker() {
@@ -105,14 +122,21 @@ async fn worker() {
             for t in 0..tasks {
                 let (locker, records) = (locker.clone(), records.clone());
                 let id = base + t;
-                let key = if workload == "handoff" { "bench-handoff".to_owned() } else { format!("bench-own-{id}") };
+                let key = if workload == "handoff" {
+                    "bench-handoff".to_owned()
+                } else {
+                    format!("bench-own-{id}")
+                };
                 let opts = options(&kind);
                 let hold = workload == "handoff";
                 handles.push(tokio::spawn(async move {
                     let mut mine = Vec::with_capacity(iters);
                     for _ in 0..iters {
                         let g = if hold {
-                            locker.acquire_wait(&key, &opts).await.expect("acquire_wait")
+                            locker
+                                .acquire_wait(&key, &opts)
+                                .await
+                                .expect("acquire_wait")
                         } else {
                             locker.acquire(&key, &opts).await.expect("acquire")
                         };
@@ -137,7 +161,10 @@ async fn worker() {
                 let start = std::time::Instant::now();
                 let r = locker.acquire_wait("bench-held", &opts).await;
                 let over = start.elapsed().as_nanos() as i64 - 200_000_000;
-                assert!(matches!(r, Err(waitlock::Error::WaitTimeout { .. })), "{r:?}");
+                assert!(
+                    matches!(r, Err(waitlock::Error::WaitTimeout { .. })),
+                    "{r:?}"
+                );
                 records.lock().await.push(format!("T {over}"));
             }
         }
@@ -147,7 +174,12 @@ async fn worker() {
             let keys = 1000;
             let mut held = Vec::new();
             for k in 0..keys {
-                held.push(holder.acquire(&format!("bench-scale-{k}"), &LockOptions::new()).await.expect("hold"));
+                held.push(
+                    holder
+                        .acquire(&format!("bench-scale-{k}"), &LockOptions::new())
+                        .await
+                        .expect("hold"),
+                );
             }
             let before = rss_bytes();
             let opts = options(&kind).with_wait(Duration::from_secs(120));
@@ -155,7 +187,10 @@ async fn worker() {
             for i in 0..tasks {
                 let (locker, opts) = (locker.clone(), opts.clone());
                 handles.push(tokio::spawn(async move {
-                    let g = locker.acquire_wait(&format!("bench-scale-{}", i % keys), &opts).await.expect("wait");
+                    let g = locker
+                        .acquire_wait(&format!("bench-scale-{}", i % keys), &opts)
+                        .await
+                        .expect("wait");
                     g.release().await.expect("release");
                 }));
             }
@@ -177,7 +212,10 @@ async fn worker() {
             tokio::time::sleep(Duration::from_millis(500)).await; // let the Locker's waiters settle into sleeping
             let during = rss_bytes();
             let list: String = common::cmd(&client, "CLIENT LIST", vec![]).await;
-            let subs = list.lines().filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0")).count();
+            let subs = list
+                .lines()
+                .filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
+                .count();
             for g in held {
                 g.release().await.expect("release");
             }
@@ -189,7 +227,10 @@ async fn worker() {
                 AnyLocker::Poll(_) => 0,
             };
             let after = rss_bytes();
-            records.lock().await.push(format!("M {before} {during} {after} {subs} {registry}"));
+            records
+                .lock()
+                .await
+                .push(format!("M {before} {during} {after} {subs} {registry}"));
         }
         other => panic!("unknown workload {other}"),
     }
@@ -211,22 +252,39 @@ fn locker_client(l: &AnyLocker) -> Client {
 // ---------------------------------------------------------------- coordinator side
 
 /// Commands a waitlock client sends, and commands its scripts run inside Redis.
-const CLIENT_CMDS: [&str; 7] = ["evalsha", "eval", "script|load", "subscribe", "unsubscribe", "ping", "script"];
-const LUA_CMDS: [&str; 8] = ["get", "set", "pttl", "incr", "time", "pexpire", "del", "publish"];
+const CLIENT_CMDS: [&str; 7] = [
+    "evalsha",
+    "eval",
+    "script|load",
+    "subscribe",
+    "unsubscribe",
+    "ping",
+    "script",
+];
+const LUA_CMDS: [&str; 8] = [
+    "get", "set", "pttl", "incr", "time", "pexpire", "del", "publish",
+];
 
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
     let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
     info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
             Some((name.to_owned(), calls))
         })
         .collect()
 }
 
 fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, names: &[&str]) -> u64 {
-    names.iter().map(|n| after.get(*n).unwrap_or(&0) - before.get(*n).unwrap_or(&0)).sum()
+    names
+        .iter()
+        .map(|n| after.get(*n).unwrap_or(&0) - before.get(*n).unwrap_or(&0))
+        .sum()
 }
 
 struct Run {
@@ -237,7 +295,15 @@ struct Run {
     stats: (u64, u64, u64),
 }
 
-async fn run_config(admin: &Client, url: &str, kind: &str, workload: &str, procs: usize, tasks: usize, iters: usize) -> Run {
+async fn run_config(
+    admin: &Client,
+    url: &str,
+    kind: &str,
+    workload: &str,
+    procs: usize,
+    tasks: usize,
+    iters: usize,
+) -> Run {
     let exe = std::env::current_exe().expect("current exe");
     let mut children = Vec::new();
     for p in 0..procs {
@@ -297,7 +363,13 @@ async fn run_config(admin: &Client, url: &str, kind: &str, workload: &str, procs
             records.push(l);
         }
     }
-    Run { records, calls, commands, wall, stats }
+    Run {
+        records,
+        calls,
+        commands,
+        wall,
+        stats,
+    }
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -325,15 +397,27 @@ impl Report {
         self.fields.push((k.into(), format!("\"{v}\"")));
     }
     fn n(&mut self, k: &str, v: f64) {
-        let v = if v.is_finite() { format!("{}", (v * 1000.0).round() / 1000.0) } else { "null".into() };
+        let v = if v.is_finite() {
+            format!("{}", (v * 1000.0).round() / 1000.0)
+        } else {
+            "null".into()
+        };
         self.fields.push((k.into(), v));
     }
     fn json(&self) -> String {
-        let body: Vec<String> = self.fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        let body: Vec<String> = self
+            .fields
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
         format!("{{{}}}", body.join(","))
     }
     fn line(&self) -> String {
-        self.fields.iter().map(|(k, v)| format!("{k}={}", v.trim_matches('"'))).collect::<Vec<_>>().join("  ")
+        self.fields
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.trim_matches('"')))
+            .collect::<Vec<_>>()
+            .join("  ")
     }
 }
 
@@ -342,7 +426,11 @@ fn handoff_figures(r: &mut Report, run: &Run) {
         .records
         .iter()
         .filter_map(|l| {
-            let v: Vec<u64> = l.strip_prefix("R ")?.split(' ').filter_map(|x| x.parse().ok()).collect();
+            let v: Vec<u64> = l
+                .strip_prefix("R ")?
+                .split(' ')
+                .filter_map(|x| x.parse().ok())
+                .collect();
             (v.len() == 3).then(|| (v[1], v[2], v[0]))
         })
         .collect();
@@ -377,7 +465,10 @@ fn handoff_figures(r: &mut Report, run: &Run) {
         r.n(&format!("{name}_p50_ms"), pct(v, 0.5));
         r.n(&format!("{name}_p90_ms"), pct(v, 0.9));
         r.n(&format!("{name}_p99_ms"), pct(v, 0.99));
-        r.n(&format!("{name}_max_ms"), v.last().copied().unwrap_or(f64::NAN));
+        r.n(
+            &format!("{name}_max_ms"),
+            v.last().copied().unwrap_or(f64::NAN),
+        );
     }
     r.n("same_worker_share", same as f64 / (n.max(2) - 1) as f64);
     r.n("calls_per_acq", run.calls as f64 / n.max(1) as f64);
@@ -394,11 +485,33 @@ fn handoff_figures(r: &mut Report, run: &Run) {
 
 async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
     let port = port?;
-    let acquire: String = admin.custom(waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false), vec!["LOAD", waitlock::scripts::ACQUIRE]).await.ok()?;
-    let release: String = admin.custom(waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false), vec!["LOAD", waitlock::scripts::RELEASE]).await.ok()?;
+    let acquire: String = admin
+        .custom(
+            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
+            vec!["LOAD", waitlock::scripts::ACQUIRE],
+        )
+        .await
+        .ok()?;
+    let release: String = admin
+        .custom(
+            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
+            vec!["LOAD", waitlock::scripts::RELEASE],
+        )
+        .await
+        .ok()?;
     let rps = |args: Vec<String>| -> Option<f64> {
         let out = Command::new("redis-benchmark")
-            .args(["-p", &port.to_string(), "-c", "16", "-n", &requests.to_string(), "-r", "100000000", "--csv"])
+            .args([
+                "-p",
+                &port.to_string(),
+                "-c",
+                "16",
+                "-n",
+                &requests.to_string(),
+                "-r",
+                "100000000",
+                "--csv",
+            ])
             .args(args)
             .output()
             .ok()?;
@@ -406,18 +519,56 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
         let row = text.lines().last()?;
         row.split(',').nth(1)?.trim_matches('"').parse().ok()
     };
-    let a = rps(vec!["EVALSHA".into(), acquire, "2".into(), "{b:__rand_int__}".into(), "{b:__rand_int__}:fence".into(), "tok".into(), "30000".into(), "604800000".into()])?;
-    let r = rps(vec!["EVALSHA".into(), release, "2".into(), "{b:__rand_int__}".into(), "{b:__rand_int__}:released".into(), "tok".into()])?;
+    let a = rps(vec![
+        "EVALSHA".into(),
+        acquire,
+        "2".into(),
+        "{b:__rand_int__}".into(),
+        "{b:__rand_int__}:fence".into(),
+        "tok".into(),
+        "30000".into(),
+        "604800000".into(),
+    ])?;
+    let r = rps(vec![
+        "EVALSHA".into(),
+        release,
+        "2".into(),
+        "{b:__rand_int__}".into(),
+        "{b:__rand_int__}:released".into(),
+        "tok".into(),
+    ])?;
     Some((a, r))
 }
 
+/// `--only WORKLOAD` and `--locker KIND` select configurations (for profiling one of them).
+fn selected(flag: &str, value: &str) -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args.get(i + 1).is_some_and(|v| v == value),
+        None => true,
+    }
+}
+
 async fn coordinator(quick: bool) {
-    let server = if std::env::var("REDIS_URL").is_ok() { None } else { Some(common::RedisServer::start()) };
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
+    let server = if std::env::var("REDIS_URL").is_ok() {
+        None
+    } else {
+        Some(common::RedisServer::start())
+    };
+    let url = std::env::var("REDIS_URL")
+        .unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
     let admin = common::client_for(&url).await;
     let version: String = common::cmd(&admin, "INFO server", vec![]).await;
-    let version = version.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("?").trim().to_owned();
-    println!("waitlock contention benchmark ({}), Redis {version} at {url}", if quick { "quick" } else { "full" });
+    let version = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    println!(
+        "waitlock contention benchmark ({}), Redis {version} at {url}",
+        if quick { "quick" } else { "full" }
+    );
     let mut reports: Vec<Report> = Vec::new();
     let mut emit = |r: Report| {
         println!("{}", r.line());
@@ -426,7 +577,10 @@ async fn coordinator(quick: bool) {
 
     // 1. uncontended
     let k = if quick { 2000 } else { 20000 };
-    for kind in LOCKERS {
+    for kind in LOCKERS
+        .into_iter()
+        .filter(|k| selected("--only", "uncontended") && selected("--locker", k))
+    {
         for tasks in [1usize, 16] {
             let iters = k / tasks;
             let run = run_config(&admin, &url, kind, "uncontended", 1, tasks, iters).await;
@@ -439,7 +593,14 @@ async fn coordinator(quick: bool) {
             emit(r);
         }
     }
-    if let Some((a, rel)) = ceiling(&admin, server.as_ref().map(|s| s.port), if quick { 20000 } else { 200000 }).await {
+    if !selected("--only", "uncontended") {
+    } else if let Some((a, rel)) = ceiling(
+        &admin,
+        server.as_ref().map(|s| s.port),
+        if quick { 20000 } else { 200000 },
+    )
+    .await
+    {
         let mut r = Report::new("redis-benchmark", "ceiling", 16, 1);
         r.n("acquire_rps", a);
         r.n("release_rps", rel);
@@ -448,7 +609,10 @@ async fn coordinator(quick: bool) {
     }
 
     // 2. handoff
-    for kind in LOCKERS {
+    for kind in LOCKERS
+        .into_iter()
+        .filter(|k| selected("--only", "handoff") && selected("--locker", k))
+    {
         for workers in [8usize, 64] {
             let total = match (kind, quick) {
                 ("locker-default", true) => 40,
@@ -466,8 +630,17 @@ async fn coordinator(quick: bool) {
 
     // 3. wait-timeout
     let holder = Locker::new(admin.clone());
-    let held = holder.acquire("bench-held", &LockOptions::new().with_ttl(Duration::from_secs(60))).await.expect("hold");
-    for kind in LOCKERS {
+    let held = holder
+        .acquire(
+            "bench-held",
+            &LockOptions::new().with_ttl(Duration::from_secs(60)),
+        )
+        .await
+        .expect("hold");
+    for kind in LOCKERS
+        .into_iter()
+        .filter(|k| selected("--only", "wait-timeout") && selected("--locker", k))
+    {
         let trials = 20;
         let run = run_config(&admin, &url, kind, "wait-timeout", 1, 1, trials).await;
         let mut over: Vec<f64> = run
@@ -489,7 +662,10 @@ async fn coordinator(quick: bool) {
 
     // 4. scale
     let waiters = if quick { 2000 } else { 10000 };
-    for kind in ["locker-default", "pubsub"] {
+    for kind in ["locker-default", "pubsub"]
+        .into_iter()
+        .filter(|k| selected("--only", "scale") && selected("--locker", k))
+    {
         let run = run_config(&admin, &url, kind, "scale", 1, waiters, 1).await;
         let m: Vec<u64> = run
             .records
@@ -502,7 +678,10 @@ async fn coordinator(quick: bool) {
             r.n("rss_before_mib", before as f64 / 1048576.0);
             r.n("rss_waiting_mib", during as f64 / 1048576.0);
             r.n("rss_after_mib", after as f64 / 1048576.0);
-            r.n("bytes_per_waiter", (during as f64 - before as f64) / waiters as f64);
+            r.n(
+                "bytes_per_waiter",
+                (during as f64 - before as f64) / waiters as f64,
+            );
             r.n("subscriber_connections", subs as f64);
             r.n("registry_after", registry as f64);
         }
@@ -519,7 +698,16 @@ async fn coordinator(quick: bool) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = if env("BENCH_RT") == "current" {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime");
     if std::env::var("BENCH_WORKER").is_ok() {
         rt.block_on(worker());
     } else {

@@ -112,7 +112,10 @@ struct Lua {
 
 impl Lua {
     fn new(op: &'static str, lua: &'static str) -> Lua {
-        Lua { script: Script::from_lua(lua), op }
+        Lua {
+            script: Script::from_lua(lua),
+            op,
+        }
     }
 }
 

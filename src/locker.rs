@@ -309,7 +309,9 @@ impl Locker {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let (remaining, last_error) = match self.attempt(&req).await {
+            // Boxed: the script call's state is large and would otherwise sit in every waiting
+            // future while it sleeps.
+            let (remaining, last_error) = match Box::pin(self.attempt(&req)).await {
                 Ok(Ok(guard)) => return Ok(guard),
                 Ok(Err(remaining)) => (remaining, None),
                 Err(e) if e.is_transient() && !req.wait.is_zero() => (None, Some(e)),

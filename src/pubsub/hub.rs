@@ -254,8 +254,10 @@ impl Hub {
             if !sub_names.is_empty() {
                 self.subscriber.subscribe(sub_names.clone()).await?;
             }
-            // SUBSCRIBE resolves when written; PING's reply comes after Redis processed it.
-            self.subscriber.ping::<Value>(None).await?;
+            if !sub_names.is_empty() {
+                // SUBSCRIBE resolves when written; PING's reply comes after Redis processed it.
+                self.subscriber.ping::<Value>(None).await?;
+            }
             Ok::<(), fred::error::Error>(())
         })
         .await;

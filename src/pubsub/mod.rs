@@ -177,7 +177,7 @@ impl PubSubLocker {
         if !self.hub.has_waiters(&req.names.channel) {
             attempts += 1;
             counters.attempts.fetch_add(1, Ordering::Relaxed);
-            match self.locker.attempt(&req).await {
+            match Box::pin(self.locker.attempt(&req)).await {
                 Ok(Ok(guard)) => return Ok(guard),
                 Ok(Err(_)) => {}
                 Err(e) if e.is_transient() => last_error = Some(e),
@@ -216,7 +216,7 @@ impl PubSubLocker {
                 None => {
                     attempts += 1;
                     counters.attempts.fetch_add(1, Ordering::Relaxed);
-                    match self.locker.attempt(&req).await {
+                    match Box::pin(self.locker.attempt(&req)).await {
                         Ok(Ok(guard)) => {
                             let expires = Instant::now() + Duration::from_millis(req.ttl_ms);
                             slot.set_hint(epoch, expires);
@@ -244,6 +244,17 @@ impl PubSubLocker {
                 _ = sleep(timer) => None,
             };
             counters.woke(reason);
+            // The deadline came first. While the subscription stands, a release would have
+            // been notified, and the holder's TTL outlasts the deadline, so the lock is still
+            // held: give up without a futile last attempt.
+            let still_held = remaining.is_some_and(|r| r > timer) && last_error.is_none();
+            if reason.is_none()
+                && now + timer >= req.deadline
+                && still_held
+                && *slot.sub.borrow() == SubState::Confirmed
+            {
+                return Err(self.give_up(&req, attempts, last_error));
+            }
             tracing::debug!(key = %req.names.key, attempts, ?reason, "woke (None = timer)");
         }
     }
