@@ -18,6 +18,38 @@ use tokio::sync::Mutex;
 use waitlock::fred::prelude::*;
 use waitlock::{Backoff, LockGuard, LockOptions, Locker, PubSubLocker};
 
+/// Counts live heap bytes, so the scale workload can report what waiters hold now rather than
+/// the allocator's high-water mark that RSS shows.
+struct CountingAlloc;
+
+static LIVE_HEAP: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        LIVE_HEAP.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        std::alloc::System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE_HEAP.fetch_sub(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        std::alloc::System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        LIVE_HEAP.fetch_add(
+            new_size as isize - layout.size() as isize,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        std::alloc::System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+fn live_heap() -> i64 {
+    LIVE_HEAP.load(std::sync::atomic::Ordering::Relaxed) as i64
+}
+
 const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
 
 fn now_ns() -> u64 {
@@ -129,9 +161,19 @@ async fn worker() {
                 };
                 let opts = options(&kind);
                 let hold = workload == "handoff";
+                let until = std::time::Instant::now()
+                    + Duration::from_millis(env_n("BENCH_DURATION_MS") as u64);
                 handles.push(tokio::spawn(async move {
-                    let mut mine = Vec::with_capacity(iters);
-                    for _ in 0..iters {
+                    let mut mine = Vec::new();
+                    // uncontended: a fixed count; handoff: until the shared deadline, so that
+                    // how many each worker got measures fairness.
+                    let mut done = 0;
+                    while if hold {
+                        std::time::Instant::now() < until
+                    } else {
+                        done < iters
+                    } {
+                        done += 1;
                         let g = if hold {
                             locker
                                 .acquire_wait(&key, &opts)
@@ -182,6 +224,7 @@ async fn worker() {
                 );
             }
             let before = rss_bytes();
+            let heap_before = live_heap();
             let opts = options(&kind).with_wait(Duration::from_secs(120));
             let mut handles = Vec::new();
             for i in 0..tasks {
@@ -211,6 +254,7 @@ async fn worker() {
             }
             tokio::time::sleep(Duration::from_millis(500)).await; // let the Locker's waiters settle into sleeping
             let during = rss_bytes();
+            let heap_during = live_heap();
             let list: String = common::cmd(&client, "CLIENT LIST", vec![]).await;
             let subs = list
                 .lines()
@@ -227,10 +271,10 @@ async fn worker() {
                 AnyLocker::Poll(_) => 0,
             };
             let after = rss_bytes();
-            records
-                .lock()
-                .await
-                .push(format!("M {before} {during} {after} {subs} {registry}"));
+            let heap_after = live_heap();
+            records.lock().await.push(format!(
+                "M {before} {during} {after} {subs} {registry} {heap_before} {heap_during} {heap_after}"
+            ));
         }
         other => panic!("unknown workload {other}"),
     }
@@ -295,6 +339,7 @@ struct Run {
     stats: (u64, u64, u64),
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_config(
     admin: &Client,
     url: &str,
@@ -303,6 +348,7 @@ async fn run_config(
     procs: usize,
     tasks: usize,
     iters: usize,
+    duration: Duration,
 ) -> Run {
     let exe = std::env::current_exe().expect("current exe");
     let mut children = Vec::new();
@@ -314,6 +360,7 @@ async fn run_config(
             .env("BENCH_WORKLOAD", workload)
             .env("BENCH_TASKS", tasks.to_string())
             .env("BENCH_ITERS", iters.to_string())
+            .env("BENCH_DURATION_MS", duration.as_millis().to_string())
             .env("BENCH_BASE_ID", (p * tasks).to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -583,7 +630,17 @@ async fn coordinator(quick: bool) {
     {
         for tasks in [1usize, 16] {
             let iters = k / tasks;
-            let run = run_config(&admin, &url, kind, "uncontended", 1, tasks, iters).await;
+            let run = run_config(
+                &admin,
+                &url,
+                kind,
+                "uncontended",
+                1,
+                tasks,
+                iters,
+                Duration::ZERO,
+            )
+            .await;
             let pairs = run.records.len();
             let mut r = Report::new(kind, "uncontended", tasks, 1);
             r.n("pairs", pairs as f64);
@@ -613,16 +670,30 @@ async fn coordinator(quick: bool) {
         .into_iter()
         .filter(|k| selected("--only", "handoff") && selected("--locker", k))
     {
-        for workers in [8usize, 64] {
-            let total = match (kind, quick) {
-                ("locker-default", true) => 40,
-                ("locker-default", false) => 200,
-                (_, true) => 400,
-                (_, false) => 2000,
-            };
-            let iters = (total / workers).max(1);
-            let run = run_config(&admin, &url, kind, "handoff", 4, workers / 4, iters).await;
-            let mut r = Report::new(kind, "handoff", workers, 4);
+        let shapes: Vec<(usize, usize)> = match std::env::var("BENCH_HANDOFF_SHAPE") {
+            // e.g. BENCH_HANDOFF_SHAPE=2x2 (workers x procs) to study one shape
+            Ok(s) => s
+                .split_once('x')
+                .and_then(|(w, p)| Some((w.parse().ok()?, p.parse().ok()?)))
+                .into_iter()
+                .collect(),
+            Err(_) => vec![(8, 4), (64, 4)],
+        };
+        for (workers, procs) in shapes {
+            // About 2,000 acquisitions at PubSubLocker's rate (about 370/s here); 400 in quick mode.
+            let duration = Duration::from_millis(if quick { 1100 } else { 5500 });
+            let run = run_config(
+                &admin,
+                &url,
+                kind,
+                "handoff",
+                procs,
+                workers / procs,
+                0,
+                duration,
+            )
+            .await;
+            let mut r = Report::new(kind, "handoff", workers, procs);
             handoff_figures(&mut r, &run);
             emit(r);
         }
@@ -642,7 +713,17 @@ async fn coordinator(quick: bool) {
         .filter(|k| selected("--only", "wait-timeout") && selected("--locker", k))
     {
         let trials = 20;
-        let run = run_config(&admin, &url, kind, "wait-timeout", 1, 1, trials).await;
+        let run = run_config(
+            &admin,
+            &url,
+            kind,
+            "wait-timeout",
+            1,
+            1,
+            trials,
+            Duration::ZERO,
+        )
+        .await;
         let mut over: Vec<f64> = run
             .records
             .iter()
@@ -666,15 +747,24 @@ async fn coordinator(quick: bool) {
         .into_iter()
         .filter(|k| selected("--only", "scale") && selected("--locker", k))
     {
-        let run = run_config(&admin, &url, kind, "scale", 1, waiters, 1).await;
-        let m: Vec<u64> = run
+        let run = run_config(&admin, &url, kind, "scale", 1, waiters, 1, Duration::ZERO).await;
+        let m: Vec<i64> = run
             .records
             .iter()
             .find_map(|l| l.strip_prefix("M "))
             .map(|s| s.split(' ').filter_map(|x| x.parse().ok()).collect())
             .unwrap_or_default();
         let mut r = Report::new(kind, "scale", waiters, 1);
-        if let [before, during, after, subs, registry] = m[..] {
+        if let [before, during, after, subs, registry, heap_before, heap_during, heap_after] = m[..]
+        {
+            r.n(
+                "heap_bytes_per_waiter",
+                (heap_during as f64 - heap_before as f64) / waiters as f64,
+            );
+            r.n(
+                "heap_after_minus_before_kib",
+                (heap_after as f64 - heap_before as f64) / 1024.0,
+            );
             r.n("rss_before_mib", before as f64 / 1048576.0);
             r.n("rss_waiting_mib", during as f64 / 1048576.0);
             r.n("rss_after_mib", after as f64 / 1048576.0);

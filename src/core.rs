@@ -148,7 +148,10 @@ impl Core {
         limit: Duration,
     ) -> Result<Vec<i64>> {
         let (script, op) = (&lua.script, lua.op);
-        let call = async {
+        // Boxed: fred's call state is several KiB, and an unboxed future would make every
+        // future that awaits it (a waiter, a task holding a guard until `release`) that large
+        // for its whole life. One allocation per network round trip is noise.
+        let call = Box::pin(async {
             match client
                 .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
                 .await
@@ -162,7 +165,7 @@ impl Core {
                 }
                 other => other,
             }
-        };
+        });
         match tokio::time::timeout(limit, call).await {
             Err(_) => Err(Error::Timeout {
                 key: names.key.clone(),

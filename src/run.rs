@@ -38,8 +38,7 @@ where
     let loss = guard.loss();
     let key = guard.key().to_owned();
     let ttl = guard.ttl();
-    // Boxed: keeps the script call's large state out of the critical section's future.
-    let released = Box::pin(guard.release()).await;
+    let released = guard.release().await;
     let value = match outcome {
         Ok(value) => value,
         Err(panic) => resume_unwind(panic),

@@ -74,8 +74,11 @@ impl PubSubLocker {
         let core = &locker.core;
         let client = core.backend.client();
         let mut perf = client.perf_config();
-        // Bursts of releases must not overflow the message buffer (fred's default is 32).
-        perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(16 * 1024);
+        // Bursts of releases must not overflow the message buffer (fred's default is 32). The
+        // dispatcher only looks each message up and wakes a slot, so it drains far faster than
+        // Redis can publish; 4,096 slots (fred sizes each of its event channels so) are ample,
+        // and an overflow still only costs a wake-up of every waiter.
+        perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(4096);
         if perf.default_command_timeout.is_zero() {
             perf.default_command_timeout = core.command_timeout;
         }
@@ -169,7 +172,7 @@ impl PubSubLocker {
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let mut req = self.locker.request(key, opts)?;
         if req.wait.is_zero() {
-            return self.acquire(key, opts).await;
+            return Box::pin(self.acquire(key, opts)).await;
         }
         let counters = &self.hub.counters;
         let mut attempts = 0u32;
@@ -184,6 +187,7 @@ impl PubSubLocker {
                 Err(e) => return Err(e),
             }
         }
+        // (Attempts are boxed below: their state would otherwise stay in every waiting future.)
         let registration = self.hub.register(&req.names.channel);
         let slot = &registration.slot;
 
