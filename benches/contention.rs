@@ -9,11 +9,12 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::{env, env_num, now_ns};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::Mutex;
 use waitlock::fred::prelude::*;
 use waitlock::{Backoff, LockGuard, LockOptions, Locker, PubSubLocker};
@@ -51,21 +52,6 @@ fn live_heap() -> i64 {
 }
 
 const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
-
-fn env_n(name: &str) -> usize {
-    env(name).parse().unwrap_or(0)
-}
 
 // ---------------------------------------------------------------- worker side
 
@@ -131,9 +117,9 @@ async fn worker() {
     let url = env("BENCH_URL");
     let kind = env("BENCH_LOCKER");
     let workload = env("BENCH_WORKLOAD");
-    let tasks = env_n("BENCH_TASKS");
-    let iters = env_n("BENCH_ITERS");
-    let base = env_n("BENCH_BASE_ID");
+    let tasks = env_num("BENCH_TASKS") as usize;
+    let iters = env_num("BENCH_ITERS") as usize;
+    let base = env_num("BENCH_BASE_ID") as usize;
     let builder = Locker::connect(&url).await.expect("worker connect");
     let locker = Arc::new(if kind == "pubsub" {
         AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub"))
@@ -161,8 +147,8 @@ async fn worker() {
                 };
                 let opts = options(&kind);
                 let hold = workload == "handoff";
-                let until = std::time::Instant::now()
-                    + Duration::from_millis(env_n("BENCH_DURATION_MS") as u64);
+                let until =
+                    std::time::Instant::now() + Duration::from_millis(env_num("BENCH_DURATION_MS"));
                 handles.push(tokio::spawn(async move {
                     let mut mine = Vec::new();
                     // uncontended: a fixed count; handoff: until the shared deadline, so that

@@ -6,30 +6,15 @@
 
 mod common;
 
-use common::{client_for, cmd, RedisServer};
+use common::{client_for, cmd, env, env_num, now_ns, RedisServer};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
 use waitlock::{Backoff, Error, LockOptions, Locker, PubSubLocker};
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
-
-fn env_u64(name: &str) -> u64 {
-    env(name).parse().unwrap_or(0)
-}
 
 /// The fence-checking store (on a second Redis): refuses any read or write whose fence is
 /// lower than the highest it has seen. KEYS: counter, max fence, accepted writes.
@@ -75,8 +60,8 @@ impl AnyLocker {
 
 fn worker_options() -> LockOptions {
     let mut o = LockOptions::new()
-        .with_ttl(Duration::from_millis(env_u64("F_TTL_MS")))
-        .with_wait(Duration::from_millis(env_u64("F_WAIT_MS")))
+        .with_ttl(Duration::from_millis(env_num("F_TTL_MS")))
+        .with_wait(Duration::from_millis(env_num("F_WAIT_MS")))
         .with_refresh_ratio(env("F_REFRESH").parse().unwrap_or(0.5));
     if env("F_LOCKER") == "poll" {
         o = o.with_backoff(Backoff::exponential(
@@ -92,7 +77,7 @@ async fn worker() {
         .await
         .expect("worker connects");
     let builder =
-        builder.command_timeout(Duration::from_millis(env_u64("F_CMD_TIMEOUT_MS").max(1)));
+        builder.command_timeout(Duration::from_millis(env_num("F_CMD_TIMEOUT_MS").max(1)));
     let locker = Arc::new(match env("F_LOCKER").as_str() {
         "pubsub" => AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub")),
         _ => AnyLocker::Poll(builder.build().expect("locker")),
@@ -112,12 +97,12 @@ async fn worker() {
     let _ = stdin.read_line(&mut go);
 
     let key = env("F_KEY");
-    let hold = Duration::from_millis(env_u64("F_HOLD_MS"));
-    let until = Instant::now() + Duration::from_millis(env_u64("F_DURATION_MS"));
-    let iters = env_u64("F_ITERS");
+    let hold = Duration::from_millis(env_num("F_HOLD_MS"));
+    let until = Instant::now() + Duration::from_millis(env_num("F_DURATION_MS"));
+    let iters = env_num("F_ITERS");
     let mode = env("F_MODE");
     let mut tasks = Vec::new();
-    for _ in 0..env_u64("F_TASKS") {
+    for _ in 0..env_num("F_TASKS") {
         let (locker, store, tx, key, mode) = (
             locker.clone(),
             store.clone(),
@@ -191,7 +176,7 @@ async fn worker() {
                 // A wait ends by its deadline plus one attempt's grace and scheduling slack;
                 // a critical section adds its hold and one release call.
                 let limit =
-                    opts.wait() + hold + Duration::from_millis(env_u64("F_CMD_TIMEOUT_MS") + 300);
+                    opts.wait() + hold + Duration::from_millis(env_num("F_CMD_TIMEOUT_MS") + 300);
                 if took > limit {
                     let _ = tx.send(format!("LATE {} {}", took.as_millis(), limit.as_millis()));
                 }

@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::{eventually, lock_channels, numsub, pubsub_connections, tight, RedisServer};
+use common::{
+    eventually, hold_keys, lock_channels, numsub, pubsub_connections, tight, RedisServer, Seeded,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,23 +95,12 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription() {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
-    let mut held = Vec::new();
-    for k in 0..10 {
-        held.push(
-            holder
-                .acquire(&format!("sweep-{k}"), &LockOptions::new())
-                .await
-                .expect("hold"),
-        );
-    }
+    let held = hold_keys(&holder, "sweep", 10).await;
     let opts = tight().with_wait(Duration::from_secs(10));
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = Seeded::new(0x2545_f491_4f6c_dd1d);
     let mut tasks = Vec::new();
     for i in 0..1000u64 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let cut = Duration::from_micros(seed % 20_000);
+        let cut = rng.below(Duration::from_millis(20));
         let (locker, opts) = (locker.clone(), opts.clone());
         let key = format!("sweep-{}", i % 11); // sweep-10 is free: some waits succeed
         tasks.push(tokio::spawn(async move {
@@ -241,15 +232,7 @@ async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber() {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
-    let mut held = Vec::new();
-    for k in 0..100 {
-        held.push(
-            holder
-                .acquire(&format!("scale-{k}"), &LockOptions::new())
-                .await
-                .expect("hold"),
-        );
-    }
+    let held = hold_keys(&holder, "scale", 100).await;
     let opts = LockOptions::new().with_wait(Duration::from_secs(60));
     let mut tasks = Vec::new();
     for i in 0..1000 {

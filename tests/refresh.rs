@@ -239,13 +239,10 @@ async fn dropped_runs_leave_no_lock_and_no_task() {
         .with_ttl(Duration::from_secs(60))
         .with_refresh_ratio(0.2)
         .with_wait(Duration::from_secs(5));
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = common::Seeded::new(0x9e37_79b9_7f4a_7c15);
     let mut tasks = Vec::new();
     for i in 0..1000u64 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let cut = Duration::from_micros(seed % 30_000);
+        let cut = rng.below(Duration::from_millis(30));
         let key = format!("drop-{}", i % 7);
         let opts = opts.clone();
         let (locker, pubsub) = (locker.clone(), pubsub.clone());

@@ -269,3 +269,57 @@ pub async fn numsub(client: &Client, channel: &str) -> i64 {
     .await;
     v.get(1).and_then(|x| x.as_i64()).unwrap_or(-1)
 }
+
+/// Wall-clock nanoseconds since the epoch: comparable across the processes of one host.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// An environment variable, empty when unset (worker processes are configured this way).
+pub fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+/// A numeric environment variable, 0 when unset or not a number.
+pub fn env_num(name: &str) -> u64 {
+    env(name).parse().unwrap_or(0)
+}
+
+/// A fixed-seed xorshift sequence: cancellation points that are random but reproducible.
+pub struct Seeded(u64);
+
+impl Seeded {
+    pub fn new(seed: u64) -> Seeded {
+        Seeded(seed.max(1))
+    }
+
+    /// A duration in `[0, max)`.
+    pub fn below(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        Duration::from_nanos(self.0 % (max.as_nanos() as u64).max(1))
+    }
+}
+
+/// Takes `n` locks named `{prefix}-0` … with `locker`, and keeps them.
+pub async fn hold_keys(
+    locker: &waitlock::Locker,
+    prefix: &str,
+    n: usize,
+) -> Vec<waitlock::LockGuard> {
+    let mut held = Vec::with_capacity(n);
+    for k in 0..n {
+        let key = format!("{prefix}-{k}");
+        held.push(
+            locker
+                .acquire(&key, &waitlock::LockOptions::new())
+                .await
+                .expect("hold"),
+        );
+    }
+    held
+}
