@@ -467,6 +467,24 @@ where
     Ok(tally)
 }
 
+/// The registry is empty, Redis shows no subscriber on the keys' channels, and no background
+/// task of the locker is running.
+async fn leak_check(env: &Conn, pubsub: &PubSubLocker, keys: &[&str]) -> Result<(), String> {
+    pubsub.subscriptions_settled().await;
+    pubsub.locker().idle().await;
+    let size = pubsub.registry_size();
+    if size.keys + size.waiters != 0 {
+        return Err(format!("registry not empty: {size:?}"));
+    }
+    for key in keys {
+        let subs = common::numsub(&env.admin, &format!("{{waitlock:{key}}}:released")).await;
+        if subs != 0 {
+            return Err(format!("{subs} subscribers left on {key:?}'s channel"));
+        }
+    }
+    Ok(())
+}
+
 fn check(ok: bool, what: impl Into<String>, problems: &mut Vec<String>) {
     if !ok {
         problems.push(what.into());
@@ -660,6 +678,8 @@ async fn scenario_holder_killed(env: &Conn) -> Result<String, String> {
         let after = got_at - killed_at;
         g.release().await.map_err(|e| e.to_string())?;
         drop(holder);
+        leak_check(env, &pubsub, &[&key]).await?;
+        waiter_locker.idle().await;
         let slack = Duration::from_millis(250);
         if after > ttl + slack {
             return Err(format!(
@@ -710,6 +730,7 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
     let mut writes_after = 0;
     let mut accepted_after = 0;
     let mut cancel_ms = None;
+    let mut holder_leaks = usize::MAX;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let l = match tokio::time::timeout_at(deadline, holder.lines.recv()).await {
@@ -727,11 +748,15 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
                 }
             }
         }
+        if f[0] == "L" {
+            holder_leaks = f[1..].iter().map(|x| x.parse::<usize>().unwrap_or(1)).sum();
+        }
         if f[0] == "done" {
             break;
         }
     }
     g.release().await.map_err(|e| e.to_string())?;
+    let channel_subs = common::numsub(&env.admin, &format!("{{waitlock:{key}}}:released")).await;
     holder.finish();
     let mut p = Vec::new();
     check(
@@ -744,6 +769,16 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
     check(
         accepted_after == 0,
         format!("{accepted_after} stale writes accepted"),
+        &mut p,
+    );
+    check(
+        holder_leaks == 0,
+        format!("holder left registry entries or tasks: {holder_leaks}"),
+        &mut p,
+    );
+    check(
+        channel_subs == 0,
+        format!("{channel_subs} subscribers left on the lock channel"),
         &mut p,
     );
     // Its first write after resuming already sees the token cancelled (≤ one 10 ms tick).
@@ -1015,9 +1050,12 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
     if v.as_deref() != Some("untouched") {
         return Err("the bystander key changed".into());
     }
-    if pubsub.registry_size().waiters != 0 {
-        return Err("registry not empty".into());
-    }
+    let keys: Vec<&str> = cases
+        .iter()
+        .map(|c| c.1.as_str())
+        .filter(|k| k.len() < 64)
+        .collect();
+    leak_check(env, &pubsub, &keys).await?;
     Ok(format!("{n} hostile inputs: each a typed error naming the problem, no panic, no hang, no key changed"))
 }
 
