@@ -565,9 +565,10 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
     let r = rps(vec![
         "EVALSHA".into(),
         release,
-        "2".into(),
+        "3".into(),
         "{b:__rand_int__}".into(),
         "{b:__rand_int__}:released".into(),
+        "{b:__rand_int__}:fence".into(),
         "tok".into(),
     ])?;
     Some((a, r))

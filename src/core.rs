@@ -49,12 +49,18 @@ return 0
 "#;
 
 /// Release: delete only if the token holds the key, then PUBLISH on the lock's channel.
-/// KEYS: lock, channel. ARGV: token. Reply 1 released, 0 not held. A second run finds no token
-/// and does nothing.
+/// KEYS: lock, channel, fence. ARGV: token. Reply 1 released, 0 not held. A second run finds no
+/// token and does nothing.
+///
+/// The message is `"<fence> <subscribers>"`: the released hold's fence (the fence counter's
+/// value, since the holder made the latest acquisition) and how many connections subscribe to
+/// the channel, i.e. how many processes have waiters. A process that sees its own release
+/// while others wait lets them go first (fairness across processes).
 pub(crate) const RELEASE_LUA: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '1')
+  local subscribers = redis.call('PUBSUB', 'NUMSUB', KEYS[2])[2]
+  redis.call('PUBLISH', KEYS[2], (redis.call('GET', KEYS[3]) or '0') .. ' ' .. subscribers)
   return 1
 end
 return 0
@@ -289,7 +295,11 @@ impl Core {
                 client,
                 &self.release,
                 names,
-                vec![names.lock.clone(), names.channel.clone()],
+                vec![
+                    names.lock.clone(),
+                    names.channel.clone(),
+                    names.fence.clone(),
+                ],
                 vec![token.to_owned()],
                 limit,
             )

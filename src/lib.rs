@@ -26,7 +26,7 @@ pub mod scripts {
     pub const ACQUIRE: &str = crate::core::ACQUIRE_LUA;
     /// Extend: `KEYS` lock; `ARGV` token, ttl ms.
     pub const EXTEND: &str = crate::core::EXTEND_LUA;
-    /// Release: `KEYS` lock, channel; `ARGV` token.
+    /// Release: `KEYS` lock, channel, fence; `ARGV` token. Publishes `"<fence> <subscribers>"`.
     pub const RELEASE: &str = crate::core::RELEASE_LUA;
 }
 

@@ -325,3 +325,44 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
         .expect("release");
     assert_eq!(locker.stats().by_notification, 2, "{:?}", locker.stats());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_take_turns_under_sustained_contention() {
+    let server = RedisServer::start();
+    // Three lockers, three subscriber connections: three "processes" as Redis sees them.
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(pubsub(&server).await);
+    }
+    let opts = LockOptions::new().with_wait(Duration::from_secs(30));
+    let total = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (p, locker) in lockers.iter().enumerate() {
+        for _ in 0..2 {
+            let (locker, opts, total) = (locker.clone(), opts.clone(), total.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut mine = 0u64;
+                while total.load(Ordering::SeqCst) < 300 {
+                    let g = locker.acquire_wait("turns", &opts).await.expect("acquire");
+                    total.fetch_add(1, Ordering::SeqCst);
+                    mine += 1;
+                    tokio::time::sleep(Duration::from_millis(1)).await; // the work
+                    g.release().await.expect("release");
+                }
+                (p, mine)
+            }));
+        }
+    }
+    let mut per_process = [0u64; 3];
+    for t in tasks {
+        let (p, n) = t.await.expect("task");
+        per_process[p] += n;
+    }
+    let (min, max) = (
+        per_process.iter().min().copied().unwrap_or(0),
+        per_process.iter().max().copied().unwrap_or(1),
+    );
+    let deferred: u64 = lockers.iter().map(|l| l.stats().deferred).sum();
+    assert!(deferred > 0, "no process ever let another go first");
+    assert!(min * 2 >= max, "unfair across processes: {per_process:?}");
+}

@@ -37,7 +37,19 @@ pub(crate) struct Slot {
     pub(crate) gate: tokio::sync::Mutex<()>,
     /// Set by a local waiter that took the lock: the epoch it saw before its winning attempt,
     /// and when that lock expires at the latest.
-    hint: Mutex<Option<(u64, Instant)>>,
+    hint: Mutex<Option<Hint>>,
+    /// What the last release message said: the released fence and the channel's subscribers.
+    last_release: Mutex<(u64, u64)>,
+    /// Release messages seen, and how many had been seen when a head of this process last won.
+    releases: AtomicU64,
+    won_at: Mutex<Option<u64>>,
+}
+
+/// What the local waiter that took the lock left for the next head.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hint {
+    pub(crate) epoch: u64,
+    pub(crate) expires: Instant,
 }
 
 impl Slot {
@@ -49,6 +61,9 @@ impl Slot {
             reason: AtomicU8::new(WakeReason::Notification as u8),
             gate: tokio::sync::Mutex::new(()),
             hint: Mutex::new(None),
+            last_release: Mutex::new((0, 0)),
+            releases: AtomicU64::new(0),
+            won_at: Mutex::new(None),
         }
     }
 
@@ -66,12 +81,34 @@ impl Slot {
         self.notify.notify_waiters();
     }
 
-    pub(crate) fn set_hint(&self, epoch: u64, expires: Instant) {
-        *lock(&self.hint) = Some((epoch, expires));
+    pub(crate) fn set_hint(&self, hint: Hint) {
+        *lock(&self.hint) = Some(hint);
     }
 
-    pub(crate) fn hint(&self) -> Option<(u64, Instant)> {
+    pub(crate) fn hint(&self) -> Option<Hint> {
         *lock(&self.hint)
+    }
+
+    /// A head of this process took the lock.
+    pub(crate) fn won(&self) {
+        *lock(&self.won_at) = Some(self.releases.load(Ordering::SeqCst));
+    }
+
+    /// Whether a head woken by a release message should let other processes go first.
+    ///
+    /// Round robin across processes: the message says how many processes wait (subscribers,
+    /// ours included); a process that won defers until that many releases have passed since
+    /// its win (its own release counts as the first). In steady contention exactly one process
+    /// (the one that won longest ago) attempts on each release; a process that never won, or
+    /// whose count is stale, never defers. Without this, the releasing process, whose threads
+    /// are awake, would win nearly every race against parked ones.
+    pub(crate) fn should_defer(&self) -> bool {
+        let (_, subscribers) = *lock(&self.last_release);
+        let Some(won_at) = *lock(&self.won_at) else {
+            return false;
+        };
+        let since = self.releases.load(Ordering::SeqCst).saturating_sub(won_at);
+        subscribers > 1 && since < subscribers
     }
 }
 
@@ -358,6 +395,14 @@ async fn dispatch(
                     Ok(msg) => {
                         // A message on a channel nobody waits on any more is simply dropped.
                         if let Some(slot) = h.slot(&msg.channel) {
+                            // "<fence> <subscribers>"; anything else (an older release script,
+                            // a stray PUBLISH) still wakes, as an unknown release.
+                            let text = msg.value.as_string().unwrap_or_default();
+                            let mut parts = text.split(' ').map(|p| p.parse::<u64>().unwrap_or(0));
+                            let fence = parts.next().unwrap_or(0);
+                            let subscribers = parts.next().unwrap_or(0);
+                            *lock(&slot.last_release) = (fence, subscribers);
+                            slot.releases.fetch_add(1, Ordering::SeqCst);
                             slot.wake(WakeReason::Notification);
                         }
                     }

@@ -13,12 +13,16 @@ use crate::run::{run_under, LockContext};
 use fred::clients::{Client, SubscriberClient};
 use fred::interfaces::{ClientLike, EventInterface};
 use fred::types::config::ReconnectPolicy;
-use hub::{Hub, SubState};
+use hub::{Hint, Hub, SubState};
+use stats::WakeReason;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, sleep_until, Instant};
+
+/// How long a head that defers to other processes waits before it attempts anyway.
+const DEFER_LIMIT: Duration = Duration::from_millis(5);
 
 /// A distributed lock manager whose waiters are woken when the holder releases.
 ///
@@ -208,34 +212,44 @@ impl PubSubLocker {
         };
 
         let mut hint = slot.hint();
+        let mut defer = false;
         loop {
             let notified = slot.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let epoch = slot.epoch();
-            let remaining = match hint.take().filter(|(seen, _)| *seen == epoch) {
+            let skip = hint.take().filter(|h| h.epoch == epoch);
+            let deferring = std::mem::take(&mut defer);
+            let remaining = if let Some(h) = skip {
                 // The previous local head took the lock at this epoch and no release has been
                 // seen since: it is still held, skip the attempt.
-                Some((_, expires)) => Some(expires.saturating_duration_since(Instant::now())),
-                None => {
-                    attempts += 1;
-                    counters.attempts.fetch_add(1, Ordering::Relaxed);
-                    match Box::pin(self.locker.attempt(&req)).await {
-                        Ok(Ok(guard)) => {
-                            let expires = Instant::now() + Duration::from_millis(req.ttl_ms);
-                            slot.set_hint(epoch, expires);
-                            return Ok(guard);
-                        }
-                        Ok(Err(remaining)) => {
-                            last_error = None;
-                            remaining
-                        }
-                        Err(e) if e.is_transient() => {
-                            last_error = Some(e);
-                            None
-                        }
-                        Err(e) => return Err(e),
+                Some(h.expires.saturating_duration_since(Instant::now()))
+            } else if deferring {
+                // Other processes' turn (see `Slot::should_defer`): one of them takes the lock
+                // and its release wakes us; if none does, the short timer brings us back.
+                counters.deferred.fetch_add(1, Ordering::Relaxed);
+                Some(DEFER_LIMIT)
+            } else {
+                attempts += 1;
+                counters.attempts.fetch_add(1, Ordering::Relaxed);
+                match Box::pin(self.locker.attempt(&req)).await {
+                    Ok(Ok(guard)) => {
+                        slot.won();
+                        slot.set_hint(Hint {
+                            epoch,
+                            expires: Instant::now() + Duration::from_millis(req.ttl_ms),
+                        });
+                        return Ok(guard);
                     }
+                    Ok(Err(remaining)) => {
+                        last_error = None;
+                        remaining
+                    }
+                    Err(e) if e.is_transient() => {
+                        last_error = Some(e);
+                        None
+                    }
+                    Err(e) => return Err(e),
                 }
             };
             let now = Instant::now();
@@ -248,10 +262,12 @@ impl PubSubLocker {
                 _ = sleep(timer) => None,
             };
             counters.woke(reason);
+            defer = reason == Some(WakeReason::Notification) && slot.should_defer();
             // The deadline came first. While the subscription stands, a release would have
             // been notified, and the holder's TTL outlasts the deadline, so the lock is still
             // held: give up without a futile last attempt.
-            let still_held = remaining.is_some_and(|r| r > timer) && last_error.is_none();
+            let still_held =
+                !deferring && remaining.is_some_and(|r| r > timer) && last_error.is_none();
             if reason.is_none()
                 && now + timer >= req.deadline
                 && still_held

@@ -35,6 +35,7 @@ pub(crate) struct Counters {
     pub(crate) lagged: AtomicU64,
     pub(crate) subscribes: AtomicU64,
     pub(crate) unsubscribes: AtomicU64,
+    pub(crate) deferred: AtomicU64,
 }
 
 impl Counters {
@@ -62,6 +63,7 @@ impl Counters {
             lagged: g(&self.lagged),
             subscribes: g(&self.subscribes),
             unsubscribes: g(&self.unsubscribes),
+            deferred: g(&self.deferred),
         }
     }
 }
@@ -90,6 +92,8 @@ pub struct WakeStats {
     pub subscribes: u64,
     /// Channels unsubscribed (counted per channel).
     pub unsubscribes: u64,
+    /// Times a head let waiters of other processes go first after its own process released.
+    pub deferred: u64,
 }
 
 /// How much the per-key registry holds.
