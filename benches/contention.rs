@@ -291,8 +291,16 @@ const CLIENT_CMDS: [&str; 7] = [
     "ping",
     "script",
 ];
-const LUA_CMDS: [&str; 8] = [
-    "get", "set", "pttl", "incr", "time", "pexpire", "del", "publish",
+const LUA_CMDS: [&str; 9] = [
+    "get",
+    "set",
+    "pttl",
+    "incr",
+    "time",
+    "pexpire",
+    "del",
+    "publish",
+    "pubsub|numsub",
 ];
 
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
