@@ -197,6 +197,19 @@ impl LockGuard {
     ///
     /// The task stops when the guard is released or dropped, and holds only a weak reference
     /// to the locker. Calling it again returns the same token.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(locker: waitlock::Locker) -> waitlock::Result<()> {
+    /// let mut guard = locker.acquire_wait("migration", &waitlock::LockOptions::new()).await?;
+    /// let lost = guard.keep_alive();
+    /// tokio::select! {
+    ///     _ = lost.cancelled() => eprintln!("lost the lock: {:?}", guard.loss()),
+    ///     _ = async { /* long work */ } => {}
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn keep_alive(&mut self) -> CancellationToken {
         if let Some(k) = &self.keep_alive {
             return k.lost.clone();

@@ -303,6 +303,18 @@ impl Locker {
     /// # Cancel safety
     /// Cancel safe, as [`acquire`](Self::acquire): dropping it mid-wait leaves no lock and no
     /// task behind.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(client: waitlock::fred::clients::Client) -> waitlock::Result<()> {
+    /// use std::time::Duration;
+    /// let locker = waitlock::Locker::new(client);
+    /// let opts = waitlock::LockOptions::new().with_wait(Duration::from_secs(2));
+    /// let guard = locker.acquire_wait("invoice:42", &opts).await?;
+    /// // ... work, passing guard.fence() to storage that checks it ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let mut req = self.request(key, opts)?;
@@ -345,6 +357,21 @@ impl Locker {
     /// # Cancel safety
     /// Cancel safe: dropping the future stops the refresh and releases the lock in the
     /// background.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(locker: waitlock::Locker) -> Result<(), waitlock::Error> {
+    /// let opts = waitlock::LockOptions::new();
+    /// let total = locker
+    ///     .run("nightly-report", &opts, |ctx| async move {
+    ///         if ctx.token.is_cancelled() {
+    ///             return Ok(0); // lost already: `run` will return Error::Expired
+    ///         }
+    ///         Ok::<_, waitlock::Error>(42)
+    ///     })
+    ///     .await?;
+    /// # let _ = total; Ok(()) }
+    /// ```
     pub async fn run<F, Fut, T, E>(&self, key: &str, opts: &LockOptions, f: F) -> Result<T, E>
     where
         F: FnOnce(LockContext) -> Fut,

@@ -172,6 +172,16 @@ impl PubSubLocker {
     /// Cancel safe: a dropped future leaves the registry (and, when it was the key's last
     /// waiter, the channel is unsubscribed), and an attempt in flight is cleaned up as in
     /// [`Locker::acquire`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(client: waitlock::fred::clients::Client) -> waitlock::Result<()> {
+    /// let locker = waitlock::PubSubLocker::new(client).await?;
+    /// let guard = locker.acquire_wait("cron:cleanup", &waitlock::LockOptions::new()).await?;
+    /// // woken by the previous holder's release, not by polling
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let mut req = self.locker.request(key, opts)?;
