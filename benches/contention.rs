@@ -526,7 +526,10 @@ fn handoff_figures(r: &mut Report, run: &Run) {
     r.n("fair_max", max as f64);
     r.n("fairness_min_over_max", min as f64 / max as f64);
     r.n("violations", overlaps as f64);
-    r.n("wait_timeouts", run.records.iter().filter(|l| *l == "X").count() as f64);
+    r.n(
+        "wait_timeouts",
+        run.records.iter().filter(|l| *l == "X").count() as f64,
+    );
     r.n("wakes_notification", run.stats.0 as f64);
     r.n("wakes_timer", run.stats.1 as f64);
 }
