@@ -10,6 +10,25 @@ use std::sync::Arc;
 use std::time::Duration;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
+/// Starts one `acquire_wait` in a task and returns once Redis has confirmed its subscription.
+async fn registered_waiter(
+    locker: &PubSubLocker,
+    key: &'static str,
+    opts: &LockOptions,
+) -> tokio::task::JoinHandle<waitlock::Result<waitlock::LockGuard>> {
+    let before = locker.registry_size().waiters;
+    let waiter = {
+        let (locker, opts) = (locker.clone(), opts.clone());
+        tokio::spawn(async move { locker.acquire_wait(key, &opts).await })
+    };
+    eventually("waiter registered", Duration::from_secs(10), || {
+        locker.registry_size().waiters > before
+    })
+    .await;
+    locker.subscriptions_settled().await;
+    waiter
+}
+
 async fn pubsub(server: &RedisServer) -> PubSubLocker {
     PubSubLocker::new(server.client().await)
         .await
@@ -284,15 +303,7 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
         .acquire("interop", &LockOptions::new())
         .await
         .expect("hold");
-    let waiter = {
-        let (locker, opts) = (locker.clone(), opts.clone());
-        tokio::spawn(async move { locker.acquire_wait("interop", &opts).await })
-    };
-    eventually("waiter registered", Duration::from_secs(10), || {
-        locker.registry_size().waiters == 1
-    })
-    .await;
-    locker.subscriptions_settled().await;
+    let waiter = registered_waiter(&locker, "interop", &opts).await;
     g.release().await.expect("release");
     waiter
         .await
@@ -306,15 +317,7 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
         .try_lock("interop", "manual", Duration::from_secs(30))
         .await
         .expect("try_lock");
-    let waiter = {
-        let (locker, opts) = (locker.clone(), opts.clone());
-        tokio::spawn(async move { locker.acquire_wait("interop", &opts).await })
-    };
-    eventually("waiter registered", Duration::from_secs(10), || {
-        locker.registry_size().waiters == 1
-    })
-    .await;
-    locker.subscriptions_settled().await;
+    let waiter = registered_waiter(&locker, "interop", &opts).await;
     plain.unlock("interop", "manual").await.expect("unlock");
     waiter
         .await
