@@ -38,8 +38,8 @@ pub(crate) struct Slot {
     /// Set by a local waiter that took the lock: the epoch it saw before its winning attempt,
     /// and when that lock expires at the latest.
     hint: Mutex<Option<Hint>>,
-    /// What the last release message said: the released fence and the channel's subscribers.
-    last_release: Mutex<(u64, u64)>,
+    /// How many processes subscribed to the channel, as the last release message said.
+    subscribers: AtomicU64,
     /// Release messages seen, and how many had been seen when a head of this process last won.
     releases: AtomicU64,
     won_at: Mutex<Option<u64>>,
@@ -61,7 +61,7 @@ impl Slot {
             reason: AtomicU8::new(WakeReason::Notification as u8),
             gate: tokio::sync::Mutex::new(()),
             hint: Mutex::new(None),
-            last_release: Mutex::new((0, 0)),
+            subscribers: AtomicU64::new(0),
             releases: AtomicU64::new(0),
             won_at: Mutex::new(None),
         }
@@ -103,7 +103,7 @@ impl Slot {
     /// whose count is stale, never defers. Without this, the releasing process, whose threads
     /// are awake, would win nearly every race against parked ones.
     pub(crate) fn should_defer(&self) -> bool {
-        let (_, subscribers) = *lock(&self.last_release);
+        let subscribers = self.subscribers.load(Ordering::SeqCst);
         let Some(won_at) = *lock(&self.won_at) else {
             return false;
         };
@@ -395,13 +395,16 @@ async fn dispatch(
                     Ok(msg) => {
                         // A message on a channel nobody waits on any more is simply dropped.
                         if let Some(slot) = h.slot(&msg.channel) {
-                            // "<fence> <subscribers>"; anything else (an older release script,
-                            // a stray PUBLISH) still wakes, as an unknown release.
+                            // "<fence> <subscribers>" (the fence is for people reading the
+                            // channel); anything else (a stray PUBLISH) still wakes, counted as
+                            // a release with no subscriber figure, so nobody defers on it.
                             let text = msg.value.as_string().unwrap_or_default();
-                            let mut parts = text.split(' ').map(|p| p.parse::<u64>().unwrap_or(0));
-                            let fence = parts.next().unwrap_or(0);
-                            let subscribers = parts.next().unwrap_or(0);
-                            *lock(&slot.last_release) = (fence, subscribers);
+                            let subscribers = text
+                                .split(' ')
+                                .nth(1)
+                                .and_then(|n| n.parse::<u64>().ok())
+                                .unwrap_or(0);
+                            slot.subscribers.store(subscribers, Ordering::SeqCst);
                             slot.releases.fetch_add(1, Ordering::SeqCst);
                             slot.wake(WakeReason::Notification);
                         }
