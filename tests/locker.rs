@@ -432,3 +432,30 @@ fn futures_are_send() {
     send(locker.acquire_wait("k", &opts));
     send(locker.run("k", &opts, |_ctx| async { Ok::<_, Error>(()) }));
 }
+
+#[tokio::test]
+async fn a_pool_backed_locker_works() {
+    let server = RedisServer::start();
+    let config = Config::from_url(&server.url()).expect("url");
+    let pool = Builder::from_config(config)
+        .set_policy(ReconnectPolicy::new_constant(0, 20))
+        .build_pool(3)
+        .expect("pool");
+    pool.init().await.expect("connect pool");
+    let locker = Locker::builder_with_pool(pool).build().expect("locker");
+    let mut fences = Vec::new();
+    for _ in 0..6 {
+        // Each call takes the pool's next client; the lock state is the same everywhere.
+        let g = locker
+            .acquire("pooled", &LockOptions::new())
+            .await
+            .expect("acquire");
+        assert!(matches!(
+            locker.acquire("pooled", &LockOptions::new()).await,
+            Err(Error::Locked { .. })
+        ));
+        fences.push(g.fence());
+        g.release().await.expect("release");
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}

@@ -369,3 +369,35 @@ async fn processes_take_turns_under_sustained_contention() {
     assert!(deferred > 0, "no process ever let another go first");
     assert!(min * 2 >= max, "unfair across processes: {per_process:?}");
 }
+
+#[tokio::test]
+async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let connections = |list: String| list.lines().count();
+    let before = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
+    let locker = pubsub(&server).await; // its own command client plus one subscriber
+    let with = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
+    assert_eq!(with, before + 2);
+    let g = locker
+        .acquire("bye", &LockOptions::new())
+        .await
+        .expect("acquire");
+    g.release().await.expect("release");
+    let client = locker.locker().client().clone();
+    drop(locker);
+    let _ = client.quit().await;
+    // Nothing keeps the hub alive: its tasks end and the subscriber connection closes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
+        if now == before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{now} connections remain, {before} expected"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
