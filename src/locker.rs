@@ -140,12 +140,14 @@ impl Request {
         d.min(self.deadline.saturating_duration_since(now))
     }
 
-    pub(crate) fn timeout_error(&self, attempts: u32) -> Error {
-        Error::WaitTimeout {
+    /// The error of a wait that ran out: the last connection error if the last attempt failed
+    /// that way (it says more), else `WaitTimeout`.
+    pub(crate) fn give_up(&self, attempts: u32, last_error: Option<Error>) -> Error {
+        last_error.unwrap_or_else(|| Error::WaitTimeout {
             key: self.names.key.clone(),
             waited: self.start.elapsed(),
             attempts,
-        }
+        })
     }
 }
 
@@ -283,12 +285,15 @@ impl Locker {
     #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let req = self.request(key, opts)?;
-        self.attempt(&req)
-            .await?
-            .map_err(|remaining| Error::Locked {
-                key: req.names.key.clone(),
-                remaining_ttl: remaining,
-            })
+        self.acquire_once(&req).await
+    }
+
+    /// One attempt for a validated request; `Locked` when another token holds the key.
+    pub(crate) async fn acquire_once(&self, req: &Request) -> Result<LockGuard> {
+        self.attempt(req).await?.map_err(|remaining| Error::Locked {
+            key: req.names.key.clone(),
+            remaining_ttl: remaining,
+        })
     }
 
     /// Takes the lock on `key`, retrying until `opts.wait` has passed. Each sleep is a backoff
@@ -337,7 +342,7 @@ impl Locker {
                         remaining_ttl: remaining,
                     });
                 }
-                return Err(last_error.unwrap_or_else(|| req.timeout_error(attempts)));
+                return Err(req.give_up(attempts, last_error));
             }
             let sleep = req.next_sleep(now, remaining);
             tracing::debug!(key = %req.names.key, attempts, ?sleep, "waiting (timer)");

@@ -7,7 +7,7 @@ pub use stats::{RegistrySize, WakeStats};
 
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::locker::{Locker, LockerBuilder, Request};
+use crate::locker::{Locker, LockerBuilder};
 use crate::options::LockOptions;
 use crate::run::{run_under, LockContext};
 use fred::clients::{Client, SubscriberClient};
@@ -186,7 +186,8 @@ impl PubSubLocker {
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let mut req = self.locker.request(key, opts)?;
         if req.wait.is_zero() {
-            return Box::pin(self.acquire(key, opts)).await;
+            // Try once, with the request already validated (not a second validation and token).
+            return Box::pin(self.locker.acquire_once(&req)).await;
         }
         let counters = &self.hub.counters;
         let mut attempts = 0u32;
@@ -211,14 +212,14 @@ impl PubSubLocker {
         tokio::select! {
             r = sub.wait_for(|s| *s != SubState::Pending) => {
                 if r.is_err() {
-                    return Err(self.give_up(&req, attempts, last_error));
+                    return Err(req.give_up(attempts, last_error));
                 }
             }
-            _ = sleep_until(req.deadline) => return Err(self.give_up(&req, attempts, last_error)),
+            _ = sleep_until(req.deadline) => return Err(req.give_up(attempts, last_error)),
         }
         let _turn = tokio::select! {
             turn = slot.gate.lock() => turn,
-            _ = sleep_until(req.deadline) => return Err(self.give_up(&req, attempts, last_error)),
+            _ = sleep_until(req.deadline) => return Err(req.give_up(attempts, last_error)),
         };
 
         let mut hint = slot.hint();
@@ -264,7 +265,7 @@ impl PubSubLocker {
             };
             let now = Instant::now();
             if now >= req.deadline {
-                return Err(self.give_up(&req, attempts, last_error));
+                return Err(req.give_up(attempts, last_error));
             }
             let timer = req.next_sleep(now, remaining);
             let reason = tokio::select! {
@@ -283,14 +284,10 @@ impl PubSubLocker {
                 && still_held
                 && *slot.sub.borrow() == SubState::Confirmed
             {
-                return Err(self.give_up(&req, attempts, last_error));
+                return Err(req.give_up(attempts, last_error));
             }
             tracing::debug!(key = %req.names.key, attempts, ?reason, "woke (None = timer)");
         }
-    }
-
-    fn give_up(&self, req: &Request, attempts: u32, last_error: Option<Error>) -> Error {
-        last_error.unwrap_or_else(|| req.timeout_error(attempts))
     }
 
     /// Runs `f` under the lock; exactly as [`Locker::run`], waiting as
