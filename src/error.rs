@@ -28,7 +28,10 @@ impl std::fmt::Display for LossReason {
     }
 }
 
-/// Everything that can go wrong in `waitlock`. Every variant names the key it is about.
+/// Everything that can go wrong in `waitlock`.
+///
+/// Every variant about a lock names its key ([`Error::key`]); errors that concern no lock
+/// (connecting, or a bad builder option such as the prefix) carry an empty key.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -40,7 +43,7 @@ pub enum Error {
         /// The holder's remaining TTL as Redis reported it; `None` when the key has no expiry.
         remaining_ttl: Option<Duration>,
     },
-    /// The same token already holds the lock (as in `setlock.go`); nothing was changed.
+    /// The same (fixed) token already holds the lock; nothing was changed.
     #[error("lock {key:?} is already held by this token (remaining TTL: {remaining_ttl:?})")]
     AlreadyHeld {
         /// The user's key.
@@ -48,7 +51,8 @@ pub enum Error {
         /// The remaining TTL of the existing hold; `None` when the key has no expiry.
         remaining_ttl: Option<Duration>,
     },
-    /// `acquire_wait` did not get the lock before its wait deadline.
+    /// `acquire_wait` did not get the lock before its wait deadline (Redis answering, or its
+    /// last attempt still in flight at the deadline).
     #[error("gave up waiting for lock {key:?} after {waited:?} ({attempts} attempts)")]
     WaitTimeout {
         /// The user's key.
@@ -114,12 +118,17 @@ pub enum Error {
         /// The Redis key name that holds the foreign value.
         redis_key: String,
     },
-    /// Redis did not answer within the command timeout.
+    /// Redis did not answer a call in time.
+    ///
+    /// `after` is the locker's command timeout, or less for a refresh (cut to the lock's
+    /// validity deadline) and for connecting (5 s). A waiting acquire whose last attempt is cut
+    /// short by its own wait deadline returns [`Error::WaitTimeout`] instead.
     #[error("lock {key:?}: {op} got no answer from Redis within {after:?}")]
     Timeout {
-        /// The user's key.
+        /// The user's key (empty for `connect` and `connect subscriber`).
         key: String,
-        /// The operation that timed out (`acquire`, `extend`, `release`, `subscribe`).
+        /// The operation that timed out: `acquire`, `extend`, `release`, `leave queue`,
+        /// `status`, `connect` or `connect subscriber`.
         op: &'static str,
         /// The time limit that passed.
         after: Duration,

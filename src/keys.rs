@@ -1,9 +1,10 @@
 //! Redis key names of one lock.
 //!
-//! For prefix `p` and user key `k` the three names share the base `{pk}`:
-//! lock `{pk}`, fence counter `{pk}:fence`, release channel `{pk}:released`. Whatever the key
-//! holds (braces included), the first `{…}` of all three names is the same, and never empty
-//! since the prefix is non-empty and brace-free, so they hash to one Redis Cluster slot.
+//! For prefix `p` and user key `k` every name shares the base `{pk}`: lock `{pk}`, fence
+//! counter `{pk}:fence`, waiter queue `{pk}:q`, and one grant channel per waiting process
+//! `{pk}:w:<process id>`. Whatever the key holds (braces included), the first `{…}` of every
+//! name is the same, and never empty since the prefix is non-empty and brace-free, so they
+//! hash to one Redis Cluster slot.
 
 use crate::error::{Error, Result};
 
@@ -16,7 +17,7 @@ pub(crate) struct Names {
     pub(crate) key: String,
     pub(crate) lock: String,
     pub(crate) fence: String,
-    pub(crate) channel: String,
+    pub(crate) queue: String,
 }
 
 impl Names {
@@ -26,9 +27,25 @@ impl Names {
         Ok(Names {
             key: key.to_owned(),
             fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
+            queue: format!("{lock}:q"),
             lock,
         })
+    }
+
+    /// The names behind a lock name (for a grant whose waiter is gone: the channel gives
+    /// only the lock's Redis name, which then stands for the key in errors and logs).
+    pub(crate) fn from_lock(lock: &str) -> Names {
+        Names {
+            key: lock.to_owned(),
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:q"),
+            lock: lock.to_owned(),
+        }
+    }
+
+    /// The channel on which grants reach the waiters of process `hub` (as the scripts build it).
+    pub(crate) fn channel(&self, hub: &str) -> String {
+        format!("{}:w:{hub}", self.lock)
     }
 }
 
@@ -81,7 +98,8 @@ mod tests {
         for key in ["job", "a}b", "}x", "{y}", "{", "}", "sp ace", "ünï", "{}{}"] {
             let n = Names::new("waitlock:", key).unwrap();
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.fence), "{key}");
-            assert_eq!(hash_tag(&n.lock), hash_tag(&n.channel), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&n.queue), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&n.channel("ab12")), "{key}");
             assert!(!hash_tag(&n.lock).is_empty());
         }
     }

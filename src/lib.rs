@@ -1,33 +1,46 @@
 #![doc = include_str!("../README.md")]
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
 
-mod core;
 mod error;
-mod guard;
-mod jitter;
+mod hold;
 mod keys;
 mod locker;
 mod options;
-mod pubsub;
-mod run;
+mod redis;
+mod status;
 mod tasks;
+mod wait;
 
 pub use error::{Error, LossReason, Result};
-pub use guard::LockGuard;
-pub use locker::{Locker, LockerBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX};
+pub use hold::guard::LockGuard;
+pub use hold::run::LockContext;
+pub use locker::{
+    Locker, LockerBuilder, PubSubLocker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_PREFIX,
+};
 pub use options::{Backoff, LockOptions};
-pub use pubsub::{PubSubLocker, RegistrySize, WakeStats};
-pub use run::LockContext;
+pub use status::LockStatus;
+pub use wait::notify::stats::{RegistrySize, WakeStats};
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).
+///
+/// Each starts with the same prelude. `KEYS` are always lock `{pk}`, fence `{pk}:fence`,
+/// queue `{pk}:q`; `ARGV` always token, ttl ms, fence-counter ttl ms, claim window ms, queue
+/// member (`"<waiter id> <ttl ms> <token>"`, or empty), flag. `docs/design.md` describes them.
 pub mod scripts {
-    /// Acquire: `KEYS` lock, fence; `ARGV` token, ttl ms, fence-counter ttl ms.
-    pub const ACQUIRE: &str = crate::core::ACQUIRE_LUA;
-    /// Extend: `KEYS` lock; `ARGV` token, ttl ms.
-    pub const EXTEND: &str = crate::core::EXTEND_LUA;
-    /// Release: `KEYS` lock, channel, fence; `ARGV` token. Publishes `"<fence> <subscribers>"`.
-    pub const RELEASE: &str = crate::core::RELEASE_LUA;
+    /// Acquire (SET NX PX plus a fence); when held and a member is given, queue it.
+    pub const ACQUIRE: &str = crate::redis::scripts::ACQUIRE;
+    /// Extend the TTL if the token holds the lock (confirming a grant).
+    pub const EXTEND: &str = crate::redis::scripts::EXTEND;
+    /// Release: hand the lock to the oldest live queued waiter (publishing the grant on its
+    /// channel), or delete it.
+    pub const RELEASE: &str = crate::redis::scripts::RELEASE;
+    /// A waiter leaves the queue, keeping or giving back a grant (flag `t`/`T` keep, `g`/`G`
+    /// give back).
+    pub const LEAVE: &str = crate::redis::scripts::LEAVE;
+    /// Status: reads the lock, its fence and its queue length.
+    pub const STATUS: &str = crate::redis::scripts::STATUS;
 }
 
 /// The fred crate this crate is built on, for building clients of the same version.

@@ -1,33 +1,38 @@
-//! `Locker`: waits by retrying with jittered exponential backoff.
+//! The two lockers and their builder: the public surface. The work happens in `wait` (waiting),
+//! `redis` (scripts) and `hold` (guards, refresh, critical sections).
 
-use crate::core::{new_token, Attempt, Backend, Core};
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
-use crate::jitter::Delays;
-use crate::keys::{check_prefix, Names};
+use crate::hold::guard::LockGuard;
+use crate::hold::run::{run_under, LockContext};
+use crate::keys::check_prefix;
 use crate::options::{check_token, check_ttl, LockOptions};
-use crate::pubsub::PubSubLocker;
-use crate::run::{run_under, LockContext};
+use crate::redis::scripts::Call;
+use crate::redis::{connect_client, Attempt, Backend, Engine, Released};
+use crate::status::LockStatus;
+use crate::wait::notify::hub::Hub;
+use crate::wait::notify::stats::{RegistrySize, WakeStats};
+use crate::wait::{self, Request};
 use fred::clients::{Client, Pool};
 use fred::interfaces::ClientLike;
-use fred::types::config::{Config, ReconnectPolicy};
-use fred::types::Builder;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The default time limit of one Redis call made by this crate.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "waitlock:";
-/// When a wait deadline is this close, the last attempt still gets this long to answer.
-const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(5);
+/// The default claim window: how long a lock handed to a queued waiter stays in Redis before
+/// that waiter confirms it (see [`LockerBuilder::claim_window`]).
+pub const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_millis(500);
 
 /// A distributed lock manager that waits by polling with full-jitter exponential backoff.
 ///
 /// Cheap to clone (an `Arc` inside). Built from a connected fred [`Client`] or [`Pool`].
-/// Prefer [`PubSubLocker`] when waiters are common: it wakes them on release instead.
+/// Prefer [`PubSubLocker`] when waiters are common: its waiters queue and are handed the lock.
+/// A `Locker` never jumps that queue: when it finds the lock free while waiters are queued, it
+/// hands the lock to the oldest of them and keeps waiting, so under sustained queued
+/// contention a polling waiter may wait until its deadline.
 ///
 /// **What your client must have:** fred has by default no reconnect policy (a cut connection
 /// never comes back) and no command timeout. This crate bounds each of its calls by its own
@@ -35,13 +40,13 @@ const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(5);
 /// client you pass in. [`Locker::connect`] builds a client with both.
 #[derive(Clone)]
 pub struct Locker {
-    pub(crate) core: Arc<Core>,
+    pub(crate) engine: Arc<Engine>,
 }
 
 impl std::fmt::Debug for Locker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Locker")
-            .field("prefix", &self.core.prefix)
+            .field("prefix", &self.engine.prefix)
             .finish_non_exhaustive()
     }
 }
@@ -53,6 +58,17 @@ pub struct LockerBuilder {
     backend: Backend,
     prefix: String,
     command_timeout: Duration,
+    claim_window: Duration,
+}
+
+impl std::fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("prefix", &self.prefix)
+            .field("command_timeout", &self.command_timeout)
+            .field("claim_window", &self.claim_window)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockerBuilder {
@@ -70,98 +86,85 @@ impl LockerBuilder {
         self
     }
 
-    fn core(self) -> Result<Core> {
-        check_prefix(&self.prefix)?;
-        if self.command_timeout.is_zero() {
-            return Err(Error::InvalidOptions {
-                key: String::new(),
-                field: "command_timeout",
-                value: "0ns".into(),
-                reason: "must be non-zero",
-            });
-        }
-        Ok(Core::new(self.backend, self.prefix, self.command_timeout))
+    /// How long a lock handed to a queued waiter stays in Redis until that waiter confirms it
+    /// (it does so at once if it cannot use the grant right away, else half-way through the
+    /// window, unless it released first). A waiter whose process froze or died just after it
+    /// was granted the lock delays the others by this window plus the check interval (1 s),
+    /// not by a TTL. Whole milliseconds, at least 10 ms. Defaults to 500 ms.
+    ///
+    /// Every locker that waits on the same keys should use the same window; the release that
+    /// grants applies the window of the locker that releases.
+    pub fn claim_window(mut self, window: Duration) -> Self {
+        self.claim_window = window;
+        self
     }
 
-    /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix or timeout.
+    fn engine(self) -> Result<Engine> {
+        check_prefix(&self.prefix)?;
+        let bad = |field, value: Duration, reason| Error::InvalidOptions {
+            key: String::new(),
+            field,
+            value: format!("{value:?}"),
+            reason,
+        };
+        if self.command_timeout.is_zero() {
+            return Err(bad(
+                "command_timeout",
+                self.command_timeout,
+                "must be non-zero",
+            ));
+        }
+        if self.claim_window < Duration::from_millis(10) || self.claim_window.as_secs() > 86_400 {
+            return Err(bad(
+                "claim_window",
+                self.claim_window,
+                "must be between 10 ms and one day",
+            ));
+        }
+        Ok(Engine::new(
+            self.backend,
+            self.prefix,
+            self.command_timeout,
+            self.claim_window,
+        ))
+    }
+
+    /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix, timeout or
+    /// claim window.
     pub fn build(self) -> Result<Locker> {
         Ok(Locker {
-            core: Arc::new(self.core()?),
+            engine: Arc::new(self.engine()?),
         })
     }
 
-    /// A [`PubSubLocker`]: opens its one subscriber connection with the client's config.
+    /// A [`PubSubLocker`]: opens its one subscriber connection with the client's config (and
+    /// asks the server once whether it has sharded pub/sub).
+    ///
+    /// Errors: as [`build`](Self::build); [`Error::Redis`] / [`Error::Timeout`] (key empty) if
+    /// the subscriber cannot connect.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves nothing running.
     pub async fn build_pubsub(self) -> Result<PubSubLocker> {
-        PubSubLocker::start(Locker {
-            core: Arc::new(self.core()?),
-        })
-        .await
-    }
-}
-
-/// One acquisition request, validated.
-pub(crate) struct Request {
-    pub(crate) names: Names,
-    pub(crate) token: String,
-    pub(crate) own_token: bool,
-    pub(crate) ttl_ms: u64,
-    pub(crate) refresh_ratio: f64,
-    pub(crate) wait: Duration,
-    pub(crate) start: Instant,
-    pub(crate) deadline: Instant,
-    pub(crate) delays: Delays,
-    pub(crate) backoff_cap: Duration,
-}
-
-impl Request {
-    /// The time limit of an attempt made at `now`: the command timeout, shortened to reach the
-    /// wait deadline (plus a small grace for the last attempt).
-    fn limit(&self, core: &Core, now: Instant) -> Duration {
-        if self.wait.is_zero() {
-            return core.command_timeout;
-        }
-        core.command_timeout.min(
-            self.deadline
-                .saturating_duration_since(now)
-                .max(LAST_ATTEMPT_GRACE),
-        )
-    }
-
-    /// The next sleep: a backoff delay, cut to the holder's remaining TTL (plus 1 ms, as PTTL
-    /// rounds down) and to the deadline.
-    pub(crate) fn next_sleep(&mut self, now: Instant, remaining: Option<Duration>) -> Duration {
-        let mut d = self.delays.next_delay(self.backoff_cap);
-        if let Some(r) = remaining {
-            d = d.min(r + Duration::from_millis(1));
-        }
-        d.min(self.deadline.saturating_duration_since(now))
-    }
-
-    /// The error of a wait that ran out: the last connection error if the last attempt failed
-    /// that way (it says more), else `WaitTimeout`.
-    pub(crate) fn give_up(&self, attempts: u32, last_error: Option<Error>) -> Error {
-        last_error.unwrap_or_else(|| Error::WaitTimeout {
-            key: self.names.key.clone(),
-            waited: self.start.elapsed(),
-            attempts,
+        let engine = Arc::new(self.engine()?);
+        let hub = wait::notify::start_hub(&engine).await?;
+        Ok(PubSubLocker {
+            locker: Locker { engine },
+            hub,
         })
     }
 }
-
-/// What one attempt gives the wait loops: a guard, or the holder's remaining TTL.
-pub(crate) type Outcome = std::result::Result<LockGuard, Option<Duration>>;
 
 impl Locker {
-    /// A locker with the defaults (prefix `waitlock:`, command timeout 3 s) on `client`.
+    /// A locker with the defaults (prefix `waitlock:`, command timeout 3 s, claim window
+    /// 500 ms) on `client`.
     pub fn new(client: Client) -> Locker {
         Locker {
-            core: Arc::new(Core::new(
+            engine: Arc::new(Engine::new(
                 Backend::Client(client),
                 DEFAULT_PREFIX.into(),
                 DEFAULT_COMMAND_TIMEOUT,
+                DEFAULT_CLAIM_WINDOW,
             )),
         }
     }
@@ -181,31 +184,35 @@ impl Locker {
             backend,
             prefix: DEFAULT_PREFIX.into(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            claim_window: DEFAULT_CLAIM_WINDOW,
         }
     }
 
     /// Connects a new client to `url` (e.g. `redis://127.0.0.1:6379`) with a reconnect policy
     /// (exponential, 10 ms to 1 s, forever) and a default command timeout, and builds a
-    /// locker builder on it.
+    /// locker builder on it. Finish with [`LockerBuilder::build`] or
+    /// [`LockerBuilder::build_pubsub`].
     ///
-    /// Errors: [`Error::Redis`] (key empty) when the URL does not parse or nothing answers
-    /// within the connection timeout.
+    /// Errors: [`Error::Redis`] (key empty) when the URL does not parse or nothing answers;
+    /// [`Error::Timeout`] when connecting takes more than 5 s.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves no connection behind.
     pub async fn connect(url: &str) -> Result<LockerBuilder> {
-        Ok(Self::builder(connect_client(url).await?))
+        Ok(Self::builder(
+            connect_client(url, DEFAULT_COMMAND_TIMEOUT).await?,
+        ))
     }
 
-    /// The fred client this locker sends commands through (a pool's next client).
+    /// The fred client this locker sends its next command through (a pool's next client).
     pub fn client(&self) -> &Client {
-        self.core.backend.client()
+        self.engine.backend.next_client()
     }
 
-    /// The number of this locker's background tasks still running (keep-alives and background
-    /// releases).
+    /// The number of this locker's background tasks still running (keep-alives, grant
+    /// confirmations, background releases and queue departures).
     pub fn background_tasks(&self) -> usize {
-        self.core.tasks.get()
+        self.engine.tasks.get()
     }
 
     /// Resolves when no background task of this locker is running.
@@ -213,65 +220,11 @@ impl Locker {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn idle(&self) {
-        self.core.tasks.idle().await
+        self.engine.tasks.idle().await
     }
 
-    pub(crate) fn request(&self, key: &str, opts: &LockOptions) -> Result<Request> {
-        let checked = opts.validate(key)?;
-        let names = self.core.names(key)?;
-        let (token, own_token) = match opts.token() {
-            Some(t) => (t.to_owned(), false),
-            None => (new_token(), true),
-        };
-        let start = Instant::now();
-        let backoff = opts.backoff();
-        Ok(Request {
-            names,
-            token,
-            own_token,
-            ttl_ms: checked.ttl_ms,
-            refresh_ratio: opts.refresh_ratio(),
-            wait: opts.wait(),
-            start,
-            deadline: start + opts.wait(),
-            delays: Delays::new(backoff.base(), backoff.cap()),
-            backoff_cap: backoff.cap(),
-        })
-    }
-
-    /// One attempt: a guard, the holder's remaining TTL, or an error.
-    pub(crate) async fn attempt(&self, req: &Request) -> Result<Outcome> {
-        let sent_at = Instant::now();
-        let limit = req.limit(&self.core, sent_at);
-        let attempt = self
-            .core
-            .try_acquire(&req.names, &req.token, req.ttl_ms, limit, req.own_token)
-            .await?;
-        let fence = match attempt {
-            Attempt::Acquired { fence } => fence,
-            // Our own fresh token can only be there because fred re-sent the script.
-            Attempt::AlreadyHeld { fence, .. } if req.own_token => fence,
-            Attempt::AlreadyHeld { remaining, .. } => {
-                return Err(Error::AlreadyHeld {
-                    key: req.names.key.clone(),
-                    remaining_ttl: remaining,
-                })
-            }
-            Attempt::Locked { remaining } => return Ok(Err(remaining)),
-        };
-        tracing::debug!(key = %req.names.key, fence, "acquired");
-        Ok(Ok(LockGuard::new(
-            Arc::clone(&self.core),
-            req.names.clone(),
-            req.token.clone(),
-            fence,
-            Duration::from_millis(req.ttl_ms),
-            sent_at,
-            req.refresh_ratio,
-        )))
-    }
-
-    /// One attempt to take the lock on `key`.
+    /// One attempt to take the lock on `key`. It never jumps a queue: a free lock with live
+    /// waiters queued goes to the oldest of them, and this call gets [`Error::Locked`].
     ///
     /// Errors: [`Error::Locked`] with the holder's remaining TTL; [`Error::AlreadyHeld`] when
     /// `opts` has a fixed token that already holds the key; [`Error::InvalidKey`] /
@@ -282,18 +235,23 @@ impl Locker {
     /// Cancel safe: if the future is dropped after the script may have run, the lock taken with
     /// the generated token is released in the background (with a fixed token, releasing it is
     /// the caller's business).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(locker: waitlock::Locker) -> waitlock::Result<()> {
+    /// match locker.acquire("report", &waitlock::LockOptions::new()).await {
+    ///     Ok(guard) => guard.release().await?,
+    ///     Err(waitlock::Error::Locked { remaining_ttl, .. }) => {
+    ///         println!("busy for another {remaining_ttl:?}")
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = self.request(key, opts)?;
-        self.acquire_once(&req).await
-    }
-
-    /// One attempt for a validated request; `Locked` when another token holds the key.
-    pub(crate) async fn acquire_once(&self, req: &Request) -> Result<LockGuard> {
-        self.attempt(req).await?.map_err(|remaining| Error::Locked {
-            key: req.names.key.clone(),
-            remaining_ttl: remaining,
-        })
+        let req = Request::new(&self.engine, key, opts)?;
+        wait::once(&self.engine, &req).await
     }
 
     /// Takes the lock on `key`, retrying until `opts.wait` has passed. Each sleep is a backoff
@@ -301,8 +259,9 @@ impl Locker {
     /// the deadline. Connection errors and timeouts are retried the same way until the
     /// deadline.
     ///
-    /// Errors: [`Error::WaitTimeout`] at the deadline (or the last connection error, when the
-    /// last attempt failed for that reason); [`Error::Locked`] when `wait` is zero; otherwise as
+    /// Errors: [`Error::WaitTimeout`] at the deadline, or, when the last attempt before the
+    /// deadline failed to reach Redis, that error ([`Error::Redis`], or [`Error::Timeout`]
+    /// after a full command timeout); [`Error::Locked`] when `wait` is zero; otherwise as
     /// [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
@@ -322,42 +281,18 @@ impl Locker {
     /// ```
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let mut req = self.request(key, opts)?;
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            // Boxed: the attempt's state (~0.9 KiB) would otherwise stay in the future while it
-            // sleeps, for every waiter.
-            let (remaining, last_error) = match Box::pin(self.attempt(&req)).await {
-                Ok(Ok(guard)) => return Ok(guard),
-                Ok(Err(remaining)) => (remaining, None),
-                Err(e) if e.is_transient() && !req.wait.is_zero() => (None, Some(e)),
-                Err(e) => return Err(e),
-            };
-            let now = Instant::now();
-            if now >= req.deadline {
-                if req.wait.is_zero() {
-                    return Err(Error::Locked {
-                        key: req.names.key.clone(),
-                        remaining_ttl: remaining,
-                    });
-                }
-                return Err(req.give_up(attempts, last_error));
-            }
-            let sleep = req.next_sleep(now, remaining);
-            tracing::debug!(key = %req.names.key, attempts, ?sleep, "waiting (timer)");
-            tokio::time::sleep(sleep).await;
-        }
+        let req = Request::new(&self.engine, key, opts)?;
+        wait::poll(&self.engine, &req).await
     }
 
     /// Runs `f` under the lock on `key`: waits for it (up to `opts.wait`), refreshes it every
     /// `refresh_ratio × TTL` while `f` runs, releases it afterwards and returns `f`'s value.
     ///
-    /// `f` gets a [`LockContext`] whose token is cancelled the moment the lock is judged lost.
-    /// `run` then returns [`Error::Expired`] (refresh found the token gone, or Redis stayed
-    /// unreachable until the validity deadline) or [`Error::LockTimeout`] (refresh off and the
-    /// TTL passed) once `f` returns, whatever `f` returned. `f`'s own errors come back as they
-    /// are. A panic in `f` releases the lock, then resumes.
+    /// `f` gets a [`LockContext`] whose `lost` token is cancelled the moment the lock is judged
+    /// lost. `run` then returns [`Error::Expired`] (refresh found the token gone, or Redis
+    /// stayed unreachable until the validity deadline) or [`Error::LockTimeout`] (refresh off
+    /// and the TTL passed) once `f` returns, whatever `f` returned. `f`'s own errors come back
+    /// as they are. A panic in `f` releases the lock, then resumes.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future stops the refresh and releases the lock in the
@@ -369,7 +304,7 @@ impl Locker {
     /// let opts = waitlock::LockOptions::new();
     /// let total = locker
     ///     .run("nightly-report", &opts, |ctx| async move {
-    ///         if ctx.token.is_cancelled() {
+    ///         if ctx.lost.is_cancelled() {
     ///             return Ok(0); // lost already: `run` will return Error::Expired
     ///         }
     ///         Ok::<_, waitlock::Error>(42)
@@ -387,7 +322,22 @@ impl Locker {
         run_under(guard, f).await
     }
 
-    /// Token-level: one attempt to take `key` for `token` with `ttl`. Returns the fence.
+    /// What Redis holds for `key` now: held or not, the remaining TTL, the last fence, and
+    /// how many waiters are queued (pub/sub lockers' waiters; polling waiters do not queue).
+    ///
+    /// Errors: [`Error::InvalidKey`], [`Error::WrongType`], [`Error::Timeout`] or
+    /// [`Error::Redis`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn status(&self, key: &str) -> Result<LockStatus> {
+        let names = self.engine.names(key)?;
+        let raw = self.engine.status(&names).await?;
+        Ok(LockStatus::from_raw(&raw))
+    }
+
+    /// Token-level: one attempt to take `key` for `token` with `ttl` (never jumping a queue of
+    /// waiters). Returns the fence.
     ///
     /// Errors: [`Error::Locked`], [`Error::AlreadyHeld`] (this token holds it already; the
     /// TTL is left as it was), bad input, or Redis errors.
@@ -397,20 +347,31 @@ impl Locker {
     /// [`unlock`](Self::unlock) it or it expires.
     #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<u64> {
-        let names = self.core.names(key)?;
+        let names = self.engine.names(key)?;
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
+        let call = Call {
+            names: &names,
+            token,
+            ttl_ms,
+            member: "",
+            flag: "",
+        };
         match self
-            .core
-            .try_acquire(&names, token, ttl_ms, self.core.command_timeout, false)
+            .engine
+            .attempt_on(
+                self.engine.backend.next_client(),
+                &call,
+                self.engine.command_timeout,
+            )
             .await?
         {
-            Attempt::Acquired { fence } => Ok(fence),
+            Attempt::Acquired { fence } | Attempt::Granted { fence } => Ok(fence),
             Attempt::AlreadyHeld { remaining, .. } => Err(Error::AlreadyHeld {
                 key: names.key,
                 remaining_ttl: remaining,
             }),
-            Attempt::Locked { remaining } => Err(Error::Locked {
+            Attempt::Locked { remaining, .. } => Err(Error::Locked {
                 key: names.key,
                 remaining_ttl: remaining,
             }),
@@ -425,12 +386,12 @@ impl Locker {
     /// Cancel safe: the script is idempotent.
     #[tracing::instrument(name = "extend", level = "debug", skip_all, fields(key = %key))]
     pub async fn extend(&self, key: &str, token: &str, ttl: Duration) -> Result<()> {
-        let names = self.core.names(key)?;
+        let names = self.engine.names(key)?;
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
         if self
-            .core
-            .extend(&names, token, ttl_ms, self.core.command_timeout)
+            .engine
+            .extend(&names, token, ttl_ms, self.engine.command_timeout)
             .await?
         {
             Ok(())
@@ -439,7 +400,8 @@ impl Locker {
         }
     }
 
-    /// Token-level: releases `key` if `token` holds it, and wakes its waiters.
+    /// Token-level: releases `key` if `token` holds it, handing it to the oldest queued
+    /// waiter if there is one.
     ///
     /// Errors: [`Error::NotHeld`] (the lock is left as it is), bad input, or Redis errors.
     ///
@@ -447,46 +409,200 @@ impl Locker {
     /// Cancel safe: the script is idempotent; a dropped call leaves the lock released or held.
     #[tracing::instrument(name = "release", level = "debug", skip_all, fields(key = %key))]
     pub async fn unlock(&self, key: &str, token: &str) -> Result<()> {
-        let names = self.core.names(key)?;
+        let names = self.engine.names(key)?;
         check_token(key, token)?;
-        if self
-            .core
-            .release(&names, token, self.core.command_timeout)
+        match self
+            .engine
+            .release_on(
+                self.engine.backend.next_client(),
+                &names,
+                token,
+                self.engine.command_timeout,
+            )
             .await?
         {
-            Ok(())
-        } else {
-            Err(Error::NotHeld { key: names.key })
+            Released::Deleted | Released::HandedOver => Ok(()),
+            Released::NotHeld => Err(Error::NotHeld { key: names.key }),
         }
     }
 }
 
-/// A client for `url` with a reconnect policy and a command timeout.
-pub(crate) async fn connect_client(url: &str) -> Result<Client> {
-    let redis = |op, source| Error::Redis {
-        key: String::new(),
-        op,
-        source,
-    };
-    let config = Config::from_url(url).map_err(|e| redis("parse url", e))?;
-    let client = Builder::from_config(config)
-        .with_performance_config(|p| p.default_command_timeout = DEFAULT_COMMAND_TIMEOUT)
-        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
-        .set_policy(ReconnectPolicy::new_exponential(0, 10, 1000, 2))
-        .build()
-        .map_err(|e| redis("connect", e))?;
-    // `init` resolves on the first connection attempt's outcome; if it fails the router task
-    // is stopped, so nothing is left behind.
-    match tokio::time::timeout(Duration::from_secs(5), client.init()).await {
-        Ok(Ok(_)) => Ok(client),
-        Ok(Err(e)) => Err(redis("connect", e)),
-        Err(_) => {
-            let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
-            Err(Error::Timeout {
-                key: String::new(),
-                op: "connect",
-                after: Duration::from_secs(5),
-            })
-        }
+/// A distributed lock manager whose waiters queue in Redis and are handed the lock by the
+/// release.
+///
+/// Same lock surface as [`Locker`] (same scripts and keys; interoperable with it). Waiters
+/// form one FIFO queue per key in Redis, across processes; the release gives the lock straight
+/// to the oldest live waiter and publishes the grant, so the waiter holds the lock when the
+/// message arrives. All waiters of all keys in the process share ONE subscriber connection;
+/// a per-key registry subscribes the key's grant channel while someone waits on it. Uses
+/// sharded pub/sub (SSUBSCRIBE/SPUBLISH) when the server has it, classic pub/sub otherwise.
+///
+/// Cheap to clone. The subscriber connection closes when the last clone is dropped.
+#[derive(Clone)]
+pub struct PubSubLocker {
+    locker: Locker,
+    hub: Arc<Hub>,
+}
+
+impl std::fmt::Debug for PubSubLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PubSubLocker")
+            .field("prefix", &self.locker.engine.prefix)
+            .field("registry", &self.registry_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PubSubLocker {
+    /// A pub/sub locker with the defaults on `client`; opens the subscriber connection with the
+    /// client's config (and its own reconnect policy).
+    ///
+    /// Errors: [`Error::Redis`] / [`Error::Timeout`] (key empty) if the subscriber cannot connect.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves nothing running.
+    pub async fn new(client: Client) -> Result<PubSubLocker> {
+        Locker::builder(client).build_pubsub().await
+    }
+
+    /// A builder (prefix, command timeout, claim window); finish it with
+    /// [`LockerBuilder::build_pubsub`] (its `build` gives a polling [`Locker`]).
+    pub fn builder(client: Client) -> LockerBuilder {
+        Locker::builder(client)
+    }
+
+    /// Connects a new client to `url` with a reconnect policy and a command timeout, as
+    /// [`Locker::connect`]; finish with [`LockerBuilder::build_pubsub`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::connect`].
+    pub async fn connect(url: &str) -> Result<LockerBuilder> {
+        Locker::connect(url).await
+    }
+
+    /// The polling [`Locker`] sharing this locker's connection and scripts.
+    pub fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    /// How many keys and waiters the registry holds now (both 0 when nobody waits).
+    pub fn registry_size(&self) -> RegistrySize {
+        let (keys, waiters) = self.hub.size();
+        RegistrySize { keys, waiters }
+    }
+
+    /// Resolves once Redis has processed every subscribe and unsubscribe that the registry
+    /// asked for before this call (e.g. to check `PUBSUB SHARDNUMSUB` after waiters left).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn subscriptions_settled(&self) {
+        self.hub.settled().await
+    }
+
+    /// Counters of attempts and of why waits ended, since the locker was built.
+    pub fn stats(&self) -> WakeStats {
+        self.hub.counters.snapshot()
+    }
+
+    /// The id fred gives the subscriber connection's client (to find it in `CLIENT LIST`
+    /// together with `CLIENT SETNAME`, or in logs).
+    pub fn subscriber_id(&self) -> &str {
+        self.hub.subscriber.id()
+    }
+
+    /// This locker's id in Redis: its waiters' queue entries start with it, and their grants
+    /// arrive on `{<prefix><key>}:w:<id>`.
+    pub fn waiter_id(&self) -> &str {
+        &self.hub.id
+    }
+
+    /// Whether the server has sharded pub/sub and this locker uses it (else classic pub/sub).
+    pub fn uses_sharded_pubsub(&self) -> bool {
+        self.hub.mode == wait::notify::hub::Mode::Sharded
+    }
+
+    /// One attempt; exactly as [`Locker::acquire`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::acquire`].
+    pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
+        self.locker.acquire(key, opts).await
+    }
+
+    /// Takes the lock on `key`, waiting up to `opts.wait`: one plain attempt first (unless
+    /// waiters of this process already wait on the key), then the waiter queues in Redis (in
+    /// the same call as its next attempt, once its grant channel is subscribed) and is handed
+    /// the lock by a release, in FIFO order across processes. While queued it checks the lock
+    /// when the holder's TTL runs out and every second (a lapsed grant), and after its
+    /// subscription was lost and confirmed again.
+    ///
+    /// Errors: as [`Locker::acquire_wait`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped future leaves the registry (the channel is unsubscribed when it
+    /// was the key's last waiter here), leaves the Redis queue in the background, and gives
+    /// back a grant it had been sent but not read, so the next waiter is served at once.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(client: waitlock::fred::clients::Client) -> waitlock::Result<()> {
+    /// let locker = waitlock::PubSubLocker::new(client).await?;
+    /// let guard = locker.acquire_wait("cron:cleanup", &waitlock::LockOptions::new()).await?;
+    /// // handed over by the previous holder's release, not found by polling
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
+    pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let req = Request::new(&self.locker.engine, key, opts)?;
+        wait::notify::wait(&self.locker.engine, &self.hub, &req).await
+    }
+
+    /// Runs `f` under the lock; exactly as [`Locker::run`], waiting as
+    /// [`acquire_wait`](Self::acquire_wait) does.
+    ///
+    /// # Cancel safety
+    /// As [`Locker::run`].
+    pub async fn run<F, Fut, T, E>(&self, key: &str, opts: &LockOptions, f: F) -> Result<T, E>
+    where
+        F: FnOnce(LockContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let guard = self.acquire_wait(key, opts).await?;
+        run_under(guard, f).await
+    }
+
+    /// As [`Locker::status`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn status(&self, key: &str) -> Result<LockStatus> {
+        self.locker.status(key).await
+    }
+
+    /// Token-level; as [`Locker::try_lock`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::try_lock`].
+    pub async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<u64> {
+        self.locker.try_lock(key, token, ttl).await
+    }
+
+    /// Token-level; as [`Locker::extend`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::extend`].
+    pub async fn extend(&self, key: &str, token: &str, ttl: Duration) -> Result<()> {
+        self.locker.extend(key, token, ttl).await
+    }
+
+    /// Token-level; as [`Locker::unlock`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::unlock`].
+    pub async fn unlock(&self, key: &str, token: &str) -> Result<()> {
+        self.locker.unlock(key, token).await
     }
 }

@@ -10,9 +10,9 @@ pub(crate) const MAX_TOKEN_LEN: usize = 1024;
 
 /// The retry delay policy: full jitter, `rand(0, min(base * 2^attempt, cap))`.
 ///
-/// `PubSubLocker` uses it as the fallback timer between notifications; `Locker` sleeps it
-/// between attempts. Either way a sleep never passes the holder's remaining TTL or the wait
-/// deadline.
+/// `Locker` sleeps it between attempts. `PubSubLocker` uses it only while its subscription is
+/// down (its queued waiters are handed the lock and otherwise check on a fixed interval). A
+/// sleep never passes the holder's remaining TTL or the wait deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     base: Duration,
@@ -39,7 +39,7 @@ impl Backoff {
 }
 
 impl Default for Backoff {
-    /// Base 1 s, cap 1 min, as in the seed README.
+    /// Base 1 s, cap 1 min.
     fn default() -> Self {
         Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60))
     }
@@ -149,8 +149,8 @@ impl LockOptions {
         self.backoff
     }
 
-    /// Checks every option for `key`; on success gives the TTL in whole milliseconds.
-    pub(crate) fn validate(&self, key: &str) -> Result<Checked> {
+    /// Checks every option (`key` only names the lock in errors); gives the validated plan.
+    pub(crate) fn validate(&self, key: &str) -> Result<Plan> {
         let bad = |field, value: String, reason| Error::InvalidOptions {
             key: key.to_owned(),
             field,
@@ -189,14 +189,30 @@ impl LockOptions {
                 "too large to form a deadline",
             ));
         }
-        Ok(Checked { ttl_ms })
+        Ok(Plan {
+            ttl_ms,
+            refresh_ratio: self.refresh_ratio,
+            wait: self.wait,
+            backoff: self.backoff,
+        })
     }
 }
 
-/// What validation derived.
-#[derive(Debug)]
-pub(crate) struct Checked {
+/// Validated options: what one acquisition will do.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// The TTL in whole milliseconds (1 ..= i64::MAX).
     pub(crate) ttl_ms: u64,
+    /// In `[0, 1)`; 0 = no refresh.
+    pub(crate) refresh_ratio: f64,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+}
+
+impl Plan {
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
 }
 
 /// A TTL in whole milliseconds, at least 1 and at most `i64::MAX`.

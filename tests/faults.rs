@@ -132,13 +132,13 @@ async fn worker() {
                                 "W {} {} {}",
                                 now_ns(),
                                 w == 1,
-                                ctx.token.is_cancelled()
+                                ctx.lost.is_cancelled()
                             ));
                         }
                     } else if !hold.is_zero() {
                         tokio::select! {
                             _ = tokio::time::sleep(hold) => {}
-                            _ = ctx.token.cancelled() => {}
+                            _ = ctx.lost.cancelled() => {}
                         }
                     } else {
                         tokio::task::yield_now().await;
@@ -413,10 +413,9 @@ where
         w.expect("done", limit).await?;
     }
     let mut tally = Tally::default();
-    // Every worker has left and settled: Redis must show no subscriber on the lock channel.
-    let channel = format!("{{waitlock:{key}}}:released");
-    let subs = common::numsub(&env.admin, &channel).await;
-    tally.leaks += subs.max(0) as usize;
+    // Every worker has left and settled: Redis must show no listener and no queued waiter.
+    tally.leaks += common::listeners(&env.admin, key).await;
+    tally.leaks += common::queued(&env.admin, key).await.max(0) as usize;
     let mut holds = Vec::new();
     for w in workers {
         for l in &w.seen {
@@ -477,9 +476,13 @@ async fn leak_check(env: &Conn, pubsub: &PubSubLocker, keys: &[&str]) -> Result<
         return Err(format!("registry not empty: {size:?}"));
     }
     for key in keys {
-        let subs = common::numsub(&env.admin, &format!("{{waitlock:{key}}}:released")).await;
+        let subs = common::listeners(&env.admin, key).await;
         if subs != 0 {
-            return Err(format!("{subs} subscribers left on {key:?}'s channel"));
+            return Err(format!("{subs} grant channels of {key:?} still subscribed"));
+        }
+        let queued = common::queued(&env.admin, key).await;
+        if queued != 0 {
+            return Err(format!("{queued} waiters left in {key:?}'s queue"));
         }
     }
     Ok(())
@@ -756,7 +759,7 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
         }
     }
     g.release().await.map_err(|e| e.to_string())?;
-    let channel_subs = common::numsub(&env.admin, &format!("{{waitlock:{key}}}:released")).await;
+    let channel_subs = common::listeners(&env.admin, key).await;
     holder.finish();
     let mut p = Vec::new();
     check(

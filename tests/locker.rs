@@ -131,9 +131,10 @@ async fn wrong_token_gets_not_held_and_leaves_the_lock() {
         locker.unlock("owned", "intruder").await,
         Err(Error::NotHeld { .. })
     ));
+    // The value is a state letter ('p': nobody queued) and the holder's token.
     assert_eq!(
-        raw_get(&client, "{waitlock:owned}").await.as_deref(),
-        Some(g.token())
+        raw_get(&client, "{waitlock:owned}").await,
+        Some(format!("p{}", g.token()))
     );
     let pttl: i64 = client.pttl("{waitlock:owned}").await.expect("PTTL");
     assert!(pttl > 25_000, "TTL changed by a wrong token: {pttl}");

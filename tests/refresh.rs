@@ -50,7 +50,7 @@ async fn refresh_keeps_the_lock_for_five_ttls() {
                     Err(Error::Locked { .. }) => tries += 1,
                     other => panic!("someone else got the lock while refreshed: {other:?}"),
                 }
-                assert!(!ctx.token.is_cancelled());
+                assert!(!ctx.lost.is_cancelled());
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Ok::<_, Error>(tries)
@@ -73,7 +73,7 @@ async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
         .run("norefresh", &opts, |ctx| {
             let client = client.clone();
             async move {
-                ctx.token.cancelled().await;
+                ctx.lost.cancelled().await;
                 let pttl: i64 = client.pttl("{waitlock:norefresh}").await.expect("PTTL");
                 assert!(
                     pttl > 0,
@@ -107,7 +107,7 @@ async fn a_lock_deleted_behind_the_holder_cancels_within_one_refresh_interval() 
                     .await
                     .expect("SET");
                 let deleted = Instant::now();
-                ctx.token.cancelled().await;
+                ctx.lost.cancelled().await;
                 let took = deleted.elapsed();
                 assert!(
                     // One interval, plus a round trip and scheduling on a busy machine.
@@ -156,7 +156,7 @@ async fn a_stopped_redis_cancels_by_the_validity_deadline() {
                 .status()
                 .expect("kill");
             assert!(status.success());
-            ctx.token.cancelled().await;
+            ctx.lost.cancelled().await;
             let after = paused.elapsed();
             let _ = std::process::Command::new("kill")
                 .args(["-CONT", &pid.to_string()])

@@ -233,18 +233,48 @@ pub async fn cmd<R: FromValue>(client: &Client, name: &'static str, args: Vec<Va
         .expect(name)
 }
 
-/// Number of subscriber channels matching the lock channels, via PUBSUB CHANNELS.
+/// Channels subscribed on the server (sharded and classic), via PUBSUB SHARDCHANNELS/CHANNELS.
 pub async fn lock_channels(client: &Client) -> usize {
-    let chans: Vec<String> = cmd(client, "PUBSUB CHANNELS", vec![]).await;
-    chans.len()
+    let sharded: Vec<String> = cmd(client, "PUBSUB SHARDCHANNELS", vec![]).await;
+    let classic: Vec<String> = cmd(client, "PUBSUB CHANNELS", vec![]).await;
+    sharded.len() + classic.len()
 }
 
-/// `CLIENT LIST` lines whose flags show a pub/sub connection.
+/// `CLIENT LIST` lines whose flags show a pub/sub connection (classic, pattern or sharded).
 pub async fn pubsub_connections(client: &Client) -> usize {
     let list: String = cmd(client, "CLIENT LIST", vec![]).await;
     list.lines()
-        .filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
+        .filter(|l| {
+            l.split(' ').any(|f| {
+                (f.starts_with("sub=") || f.starts_with("psub=") || f.starts_with("ssub="))
+                    && !f.ends_with("=0")
+            })
+        })
         .count()
+}
+
+/// The Redis name of the lock on `key` (default prefix).
+pub fn lock_key(key: &str) -> String {
+    format!("{{waitlock:{key}}}")
+}
+
+/// How many processes (subscriber connections) listen for grants on `key` now: its grant
+/// channels, sharded or classic.
+pub async fn listeners(client: &Client, key: &str) -> usize {
+    let pattern = Value::from(format!("{}:w:*", lock_key(key)));
+    let sharded: Vec<String> = cmd(client, "PUBSUB SHARDCHANNELS", vec![pattern.clone()]).await;
+    let classic: Vec<String> = cmd(client, "PUBSUB CHANNELS", vec![pattern]).await;
+    sharded.len() + classic.len()
+}
+
+/// How many waiters the Redis queue of `key` holds.
+pub async fn queued(client: &Client, key: &str) -> i64 {
+    cmd(
+        client,
+        "ZCARD",
+        vec![Value::from(format!("{}:q", lock_key(key)))],
+    )
+    .await
 }
 
 /// Waits until `cond` holds, checking every millisecond, failing after `limit`.
@@ -257,17 +287,6 @@ pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> b
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-}
-
-/// PUBSUB NUMSUB of one channel.
-pub async fn numsub(client: &Client, channel: &str) -> i64 {
-    let v: Vec<Value> = cmd(
-        client,
-        "PUBSUB NUMSUB",
-        vec![Value::from(channel.to_owned())],
-    )
-    .await;
-    v.get(1).and_then(|x| x.as_i64()).unwrap_or(-1)
 }
 
 /// Wall-clock nanoseconds since the epoch: comparable across the processes of one host.

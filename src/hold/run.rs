@@ -1,19 +1,20 @@
 //! Critical sections: `run` on both lockers.
 
+use super::guard::LockGuard;
 use crate::error::{Error, LossReason};
-use crate::guard::LockGuard;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio_util::sync::CancellationToken;
 
-/// What a critical section gets: the loss token, the key and the fence.
+/// What a critical section gets: the loss signal, the key and the fence.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LockContext {
     /// Cancelled the moment the lock is judged lost; stop touching the protected resource then.
-    pub token: CancellationToken,
+    /// (Not the lock's token: that is [`LockGuard::token`].)
+    pub lost: CancellationToken,
     /// The user's key.
     pub key: String,
     /// The fencing token of this hold; pass it to storage that checks fences.
@@ -27,9 +28,9 @@ where
     Fut: Future<Output = Result<T, E>>,
     E: From<Error>,
 {
-    let token = guard.keep_alive();
+    let lost = guard.keep_alive();
     let ctx = LockContext {
-        token,
+        lost,
         key: guard.key().to_owned(),
         fence: guard.fence(),
     };

@@ -1,8 +1,9 @@
-//! Counters that tests and benchmarks read.
+//! The pub/sub locker's counters and the registry's size: public figures for dashboards and
+//! tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Why a waiting head woke up.
+/// Why a waiter woke up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum WakeReason {
@@ -35,7 +36,8 @@ pub(crate) struct Counters {
     pub(crate) lagged: AtomicU64,
     pub(crate) subscribes: AtomicU64,
     pub(crate) unsubscribes: AtomicU64,
-    pub(crate) deferred: AtomicU64,
+    pub(crate) confirmed_on_arrival: AtomicU64,
+    pub(crate) orphan_grants: AtomicU64,
 }
 
 impl Counters {
@@ -63,7 +65,8 @@ impl Counters {
             lagged: g(&self.lagged),
             subscribes: g(&self.subscribes),
             unsubscribes: g(&self.unsubscribes),
-            deferred: g(&self.deferred),
+            confirmed_on_arrival: g(&self.confirmed_on_arrival),
+            orphan_grants: g(&self.orphan_grants),
         }
     }
 }
@@ -72,17 +75,19 @@ impl Counters {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WakeStats {
-    /// Acquire attempts sent by `acquire_wait` (including the first, unqueued one).
+    /// Acquire attempts sent by `acquire_wait` (the first, unqueued one; queueing ones; checks).
     pub attempts: u64,
-    /// Waits ended by a release notification on the key's channel.
+    /// Waits ended by a grant: the release handed this waiter the lock.
     pub by_notification: u64,
-    /// Waits ended by the fallback timer (backoff delay, holder's TTL or deadline).
+    /// Waits ended by a timer (the holder's TTL, the check interval, the deadline, or the
+    /// backoff delay while the subscription is down).
     pub by_timer: u64,
     /// Waits ended because the subscriber connection came back (messages may have been lost).
     pub by_reconnect: u64,
     /// Waits ended because the message stream lagged (messages were dropped).
     pub by_lagged: u64,
-    /// Waits ended because a failed subscription finally went through.
+    /// Waits ended because the key's subscription was confirmed again after it was lost or
+    /// had failed.
     pub by_resubscribe: u64,
     /// Reconnections of the subscriber connection seen.
     pub reconnects: u64,
@@ -92,8 +97,11 @@ pub struct WakeStats {
     pub subscribes: u64,
     /// Channels unsubscribed (counted per channel).
     pub unsubscribes: u64,
-    /// Times a head let waiters of other processes go first after its own process released.
-    pub deferred: u64,
+    /// Grants that arrived with too little of their claim window left to be used at once, and
+    /// were confirmed (one round trip) before `acquire_wait` returned.
+    pub confirmed_on_arrival: u64,
+    /// Grants that arrived for a waiter that had already left, and were given back at once.
+    pub orphan_grants: u64,
 }
 
 /// How much the per-key registry holds.

@@ -3,7 +3,7 @@
 //!
 //! `backoff` samples `interval * [1 - f, 1 + f]`. With `f = 1`, an initial interval of `base / 2`,
 //! a multiplier of 2 and a max interval of `cap / 2`, each sample is uniform in
-//! `[0, min(base * 2^attempt, cap)]`: the "full jitter" of the seed README.
+//! `[0, min(base * 2^attempt, cap)]`: "full jitter".
 
 use backoff::backoff::Backoff as _;
 use std::time::Duration;

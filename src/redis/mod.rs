@@ -1,0 +1,73 @@
+//! Everything that talks to Redis for the lock itself: the connection, the scripts and one call
+//! per operation. Waiting (`crate::wait`) and holding (`crate::hold`) build on this.
+
+mod background;
+mod connect;
+pub(crate) mod scripts;
+
+pub(crate) use background::{QueueResidue, ResidueGuard};
+pub(crate) use connect::connect_client;
+pub(crate) use scripts::{Attempt, Left, Released};
+
+use crate::error::Result;
+use crate::keys::Names;
+use crate::tasks::TaskCounter;
+use fred::clients::{Client, Pool};
+use scripts::Scripts;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The user's connection: one client, or a pool whose clients take turns.
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Client(Client),
+    Pool(Pool),
+}
+
+impl Backend {
+    /// The client for the next call (a pool hands out its clients in turn).
+    pub(crate) fn next_client(&self) -> &Client {
+        match self {
+            Backend::Client(c) => c,
+            Backend::Pool(p) => p.next(),
+        }
+    }
+}
+
+/// What a locker is made of, shared by its clones, its guards and their background tasks.
+pub(crate) struct Engine {
+    pub(crate) backend: Backend,
+    pub(crate) prefix: String,
+    pub(crate) command_timeout: Duration,
+    /// How long a granted lock stays in Redis before its new holder confirms it.
+    pub(crate) claim_window: Duration,
+    pub(crate) tasks: Arc<TaskCounter>,
+    scripts: Scripts,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        backend: Backend,
+        prefix: String,
+        command_timeout: Duration,
+        claim_window: Duration,
+    ) -> Engine {
+        Engine {
+            backend,
+            prefix,
+            command_timeout,
+            claim_window,
+            tasks: Arc::default(),
+            scripts: Scripts::new(),
+        }
+    }
+
+    pub(crate) fn names(&self, key: &str) -> Result<Names> {
+        Names::new(&self.prefix, key)
+    }
+}
+
+/// A fresh random lock token.
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

@@ -1,0 +1,498 @@
+//! The shared subscriber connection, the per-key registry of waiters, and the dispatcher that
+//! hands each grant to its waiter.
+//!
+//! One ordered path changes subscriptions: waiters only mark a channel dirty; the manager task
+//! reads the registry and subscribes channels that have waiters and unsubscribes those that
+//! have none. Since it always acts on the registry's current state, a subscribe and an
+//! unsubscribe of one channel can never land in the wrong final order. A channel is
+//! *confirmed* once Redis has processed its subscription (SSUBSCRIBE's reply; for classic
+//! SUBSCRIBE, the reply of a PING sent after it): only then may a waiter queue in Redis, since
+//! a release skips (as dead) a waiter nobody listens for.
+
+use super::stats::{Counters, WakeReason};
+use crate::error::{Error, Result};
+use crate::keys::Names;
+use crate::redis::Engine;
+use fred::clients::SubscriberClient;
+use fred::interfaces::{ClientLike, PubsubInterface};
+use fred::types::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::sync::{broadcast::error::RecvError, watch, Notify};
+use tokio::task::JoinHandle;
+
+/// How this server's pub/sub is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// SSUBSCRIBE / SPUBLISH (Redis >= 7.0): the subscribe reply confirms it.
+    Sharded,
+    /// SUBSCRIBE / PUBLISH, confirmed by a PING after it.
+    Classic,
+}
+
+/// Whether Redis has confirmed a channel's subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubState {
+    Pending,
+    Confirmed,
+    /// The last try failed; the manager retries. Waiters poll meanwhile.
+    Failed,
+}
+
+/// One waiter's mailbox: the grant the dispatcher found for it, and a wake-up.
+pub(crate) struct Cell {
+    grant: Mutex<Option<u64>>,
+    pub(crate) wake: Notify,
+    reason: AtomicU8,
+}
+
+impl Cell {
+    fn new() -> Cell {
+        Cell {
+            grant: Mutex::new(None),
+            wake: Notify::new(),
+            reason: AtomicU8::new(WakeReason::Notification as u8),
+        }
+    }
+
+    /// The fence of a grant delivered to this waiter, if one was.
+    pub(crate) fn take_grant(&self) -> Option<u64> {
+        lock(&self.grant).take()
+    }
+
+    pub(crate) fn reason(&self) -> WakeReason {
+        WakeReason::from_u8(self.reason.load(Ordering::SeqCst))
+    }
+
+    fn wake(&self, reason: WakeReason) {
+        self.reason.store(reason as u8, Ordering::SeqCst);
+        // A stored permit: a waiter that is not parked yet still sees it.
+        self.wake.notify_one();
+    }
+}
+
+/// Per-key state shared by the key's waiters in this process.
+pub(crate) struct Slot {
+    pub(crate) sub: watch::Sender<SubState>,
+}
+
+struct Entry {
+    slot: Arc<Slot>,
+    waiters: HashMap<String, Arc<Cell>>,
+}
+
+pub(crate) struct Hub {
+    /// This process's id in queue members and grant channels.
+    pub(crate) id: String,
+    /// To give back grants whose waiter has left (weak: the engine owns nothing of the hub,
+    /// and the hub must not keep the engine alive).
+    engine: Weak<Engine>,
+    pub(crate) mode: Mode,
+    pub(crate) subscriber: SubscriberClient,
+    registry: Mutex<HashMap<String, Entry>>,
+    dirty: Mutex<Vec<String>>,
+    manager_wake: Arc<Notify>,
+    /// Changes requested so far, and changes the manager has applied.
+    requested: AtomicU64,
+    applied: watch::Sender<u64>,
+    /// An unsubscribe was written since the last PING (fred resolves it when written).
+    unconfirmed_unsubscribe: AtomicBool,
+    /// Bumped on every reconnect: a sync that started before one confirms nothing.
+    connection_epoch: AtomicU64,
+    pub(crate) counters: Counters,
+    command_timeout: Duration,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a few map operations that cannot panic halfway.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Hub {
+    /// Starts the manager and dispatcher over a subscriber that is already connected.
+    pub(crate) fn start(
+        engine: Weak<Engine>,
+        subscriber: SubscriberClient,
+        mode: Mode,
+        messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+        reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+        command_timeout: Duration,
+    ) -> Arc<Hub> {
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let hub = Arc::new(Hub {
+            id,
+            engine,
+            mode,
+            subscriber,
+            registry: Mutex::default(),
+            dirty: Mutex::default(),
+            manager_wake: Arc::new(Notify::new()),
+            requested: AtomicU64::new(0),
+            applied: watch::Sender::new(0),
+            unconfirmed_unsubscribe: AtomicBool::new(false),
+            connection_epoch: AtomicU64::new(0),
+            counters: Counters::default(),
+            command_timeout,
+            tasks: Mutex::default(),
+        });
+        let manager = tokio::spawn(manage(Arc::downgrade(&hub), Arc::clone(&hub.manager_wake)));
+        let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&hub), messages, reconnects));
+        lock(&hub.tasks).extend([manager, dispatcher]);
+        hub
+    }
+
+    /// Keys with waiters, and waiters, in this process.
+    pub(crate) fn size(&self) -> (usize, usize) {
+        let reg = lock(&self.registry);
+        (reg.len(), reg.values().map(|e| e.waiters.len()).sum())
+    }
+
+    /// Whether waiters of this process already listen on `channel` (confirmed by Redis).
+    pub(crate) fn is_confirmed(&self, channel: &str) -> bool {
+        lock(&self.registry)
+            .get(channel)
+            .is_some_and(|e| *e.slot.sub.borrow() == SubState::Confirmed)
+    }
+
+    /// Joins the waiters of `channel` under `token`; the first one has it subscribed.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        key: &str,
+        channel: &str,
+        token: &str,
+    ) -> Result<Registration> {
+        let cell = Arc::new(Cell::new());
+        let slot = {
+            let mut reg = lock(&self.registry);
+            let entry = reg.entry(channel.to_owned()).or_insert_with(|| {
+                self.mark_dirty(channel.to_owned());
+                Entry {
+                    slot: Arc::new(Slot {
+                        sub: watch::Sender::new(SubState::Pending),
+                    }),
+                    waiters: HashMap::new(),
+                }
+            });
+            if entry.waiters.contains_key(token) {
+                return Err(Error::InvalidOptions {
+                    key: key.to_owned(),
+                    field: "token",
+                    value: format!("<{} bytes>", token.len()),
+                    reason: "another waiter of this locker waits on this key with the same token",
+                });
+            }
+            entry.waiters.insert(token.to_owned(), Arc::clone(&cell));
+            Arc::clone(&entry.slot)
+        };
+        Ok(Registration {
+            hub: Arc::clone(self),
+            channel: channel.to_owned(),
+            token: token.to_owned(),
+            slot,
+            cell,
+        })
+    }
+
+    fn leave(&self, channel: &str, token: &str) {
+        let mut reg = lock(&self.registry);
+        if let Some(e) = reg.get_mut(channel) {
+            e.waiters.remove(token);
+            if e.waiters.is_empty() {
+                reg.remove(channel);
+                self.mark_dirty(channel.to_owned());
+            }
+        }
+    }
+
+    fn mark_dirty(&self, channel: String) {
+        let mut dirty = lock(&self.dirty);
+        dirty.push(channel);
+        self.requested.fetch_add(1, Ordering::SeqCst);
+        drop(dirty);
+        self.manager_wake.notify_one();
+    }
+
+    /// Resolves once Redis has processed every subscription change requested before the call.
+    pub(crate) async fn settled(&self) {
+        let target = self.requested.load(Ordering::SeqCst);
+        let mut rx = self.applied.subscribe();
+        let _ = rx.wait_for(|applied| *applied >= target).await;
+        // UNSUBSCRIBE and SUNSUBSCRIBE resolve when written: a PING's reply comes after Redis
+        // processed them (sent here, not after every unsubscribe, to keep it off the hot path).
+        if self.unconfirmed_unsubscribe.swap(false, Ordering::SeqCst) {
+            let ping = self.subscriber.ping::<Value>(None);
+            if !matches!(
+                tokio::time::timeout(self.command_timeout, ping).await,
+                Ok(Ok(_))
+            ) {
+                self.unconfirmed_unsubscribe.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Hands a grant to the waiter of `channel` whose token it names.
+    fn deliver(&self, channel: &str, text: &str) {
+        let mut parts = text.splitn(3, ' ');
+        let (Some("g"), Some(fence), Some(token)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        let Ok(fence) = fence.parse::<u64>() else {
+            return;
+        };
+        let cell = lock(&self.registry)
+            .get(channel)
+            .and_then(|e| e.waiters.get(token).cloned());
+        match cell {
+            Some(cell) => {
+                *lock(&cell.grant) = Some(fence);
+                cell.wake(WakeReason::Notification);
+            }
+            // The waiter has left (its departure call may have failed, or crossed the
+            // grant): give the lock back at once so the next waiter is served now, not after
+            // the claim window. Only an unconfirmed grant is given back ('g'): a waiter whose
+            // own attempt confirmed it meanwhile has returned with the lock.
+            None => {
+                let suffix = format!(":w:{}", self.id);
+                let (Some(lock_name), Some(engine)) =
+                    (channel.strip_suffix(&suffix), self.engine.upgrade())
+                else {
+                    return;
+                };
+                self.counters.orphan_grants.fetch_add(1, Ordering::Relaxed);
+                engine.leave_in_background(
+                    engine.backend.next_client().clone(),
+                    Names::from_lock(lock_name),
+                    token.to_owned(),
+                    String::new(),
+                    false,
+                );
+            }
+        }
+    }
+
+    fn cells(&self) -> Vec<Arc<Cell>> {
+        lock(&self.registry)
+            .values()
+            .flat_map(|e| e.waiters.values().cloned())
+            .collect()
+    }
+
+    fn wake_all(&self, reason: WakeReason) {
+        for c in self.cells() {
+            c.wake(reason);
+        }
+    }
+
+    /// After a reconnect every subscription is gone and messages may have been lost: every
+    /// channel goes back to pending (so woken waiters wait for Redis to confirm the new
+    /// subscription before they check the lock), then every waiter is woken.
+    fn on_reconnect(&self) {
+        self.connection_epoch.fetch_add(1, Ordering::SeqCst);
+        let channels: Vec<String> = {
+            let reg = lock(&self.registry);
+            for e in reg.values() {
+                e.slot.sub.send_replace(SubState::Pending);
+            }
+            reg.keys().cloned().collect()
+        };
+        tracing::debug!(
+            channels = channels.len(),
+            "subscriber reconnected; resubscribing and waking every waiter"
+        );
+        let n = channels.len() as u64;
+        lock(&self.dirty).extend(channels);
+        self.requested.fetch_add(n, Ordering::SeqCst);
+        self.manager_wake.notify_one();
+        self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.wake_all(WakeReason::Reconnect);
+    }
+
+    async fn subscribe(
+        &self,
+        channels: Vec<String>,
+    ) -> std::result::Result<(), fred::error::Error> {
+        match self.mode {
+            // SSUBSCRIBE waits for its reply.
+            Mode::Sharded => self.subscriber.ssubscribe(channels).await,
+            Mode::Classic => {
+                self.subscriber.subscribe(channels).await?;
+                // SUBSCRIBE resolves when written; PING's reply comes after Redis processed it.
+                self.subscriber.ping::<Value>(None).await.map(|_| ())
+            }
+        }
+    }
+
+    async fn unsubscribe(
+        &self,
+        channels: Vec<String>,
+    ) -> std::result::Result<(), fred::error::Error> {
+        self.unconfirmed_unsubscribe.store(true, Ordering::SeqCst);
+        match self.mode {
+            Mode::Sharded => self.subscriber.sunsubscribe(channels).await,
+            Mode::Classic => self.subscriber.unsubscribe(channels).await,
+        }
+    }
+
+    /// Brings Redis' subscriptions in line with the registry. Returns false when it failed
+    /// (the channels stay dirty).
+    async fn sync(&self) -> bool {
+        let (mut channels, requested) = {
+            let mut dirty = lock(&self.dirty);
+            (
+                std::mem::take(&mut *dirty),
+                self.requested.load(Ordering::SeqCst),
+            )
+        };
+        if channels.is_empty() {
+            self.applied
+                .send_if_modified(|a| std::mem::replace(a, requested) != requested);
+            return true;
+        }
+        channels.sort_unstable();
+        channels.dedup();
+        let mut subs = Vec::new();
+        let mut unsubs = Vec::new();
+        {
+            let reg = lock(&self.registry);
+            for ch in channels.iter() {
+                match reg.get(ch) {
+                    Some(e) => subs.push((ch.clone(), Arc::clone(&e.slot))),
+                    None => unsubs.push(ch.clone()),
+                }
+            }
+        }
+        let sub_names: Vec<String> = subs.iter().map(|(c, _)| c.clone()).collect();
+        let epoch = self.connection_epoch.load(Ordering::SeqCst);
+        let result = tokio::time::timeout(self.command_timeout, async {
+            // Never an empty list: fred would clear everything, or Redis answer an arity error.
+            if !unsubs.is_empty() {
+                self.unsubscribe(unsubs.clone()).await?;
+            }
+            if !sub_names.is_empty() {
+                self.subscribe(sub_names.clone()).await?;
+            }
+            Ok::<(), fred::error::Error>(())
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {
+                self.counters
+                    .subscribes
+                    .fetch_add(sub_names.len() as u64, Ordering::Relaxed);
+                self.counters
+                    .unsubscribes
+                    .fetch_add(unsubs.len() as u64, Ordering::Relaxed);
+                // A reconnect during the sync may have dropped what it subscribed: the channels
+                // are dirty again, and only the next sync may confirm them.
+                if self.connection_epoch.load(Ordering::SeqCst) == epoch {
+                    for (_, slot) in subs {
+                        slot.sub.send_replace(SubState::Confirmed);
+                    }
+                }
+                self.applied
+                    .send_if_modified(|a| std::mem::replace(a, requested) != requested);
+                true
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {:?}", self.command_timeout),
+                };
+                tracing::warn!(%error, channels = channels.len(), "subscription sync failed; waiters poll until it succeeds");
+                for (_, slot) in &subs {
+                    slot.sub.send_if_modified(|s| {
+                        let changed = *s != SubState::Failed;
+                        *s = SubState::Failed;
+                        changed
+                    });
+                }
+                lock(&self.dirty).extend(channels);
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let subscriber = self.subscriber.clone();
+            handle.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.quit()).await;
+            });
+        }
+    }
+}
+
+/// A waiter's membership in its key's slot; leaving is its drop, so a dropped future leaves.
+pub(crate) struct Registration {
+    hub: Arc<Hub>,
+    channel: String,
+    token: String,
+    pub(crate) slot: Arc<Slot>,
+    pub(crate) cell: Arc<Cell>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.hub.leave(&self.channel, &self.token);
+    }
+}
+
+async fn manage(hub: Weak<Hub>, wake: Arc<Notify>) {
+    let mut retry = Duration::from_millis(20);
+    loop {
+        wake.notified().await;
+        loop {
+            let Some(h) = hub.upgrade() else { return };
+            if h.sync().await {
+                retry = Duration::from_millis(20);
+                break;
+            }
+            drop(h);
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+async fn dispatch(
+    hub: Weak<Hub>,
+    mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+    mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+) {
+    loop {
+        tokio::select! {
+            m = messages.recv() => {
+                let Some(h) = hub.upgrade() else { return };
+                match m {
+                    Ok(msg) => {
+                        if let Some(text) = msg.value.as_str() {
+                            h.deliver(&msg.channel, &text);
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(lost = n, "subscriber lagged; every waiter checks its lock");
+                        h.counters.lagged.fetch_add(1, Ordering::Relaxed);
+                        h.wake_all(WakeReason::Lagged);
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+            r = reconnects.recv() => {
+                let Some(h) = hub.upgrade() else { return };
+                match r {
+                    Ok(_) | Err(RecvError::Lagged(_)) => h.on_reconnect(),
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        }
+    }
+}
