@@ -288,16 +288,18 @@ fn locker_client(l: &AnyLocker) -> Client {
 // ---------------------------------------------------------------- coordinator side
 
 /// Commands a waitlock client sends, and commands its scripts run inside Redis.
-const CLIENT_CMDS: [&str; 7] = [
+const CLIENT_CMDS: [&str; 9] = [
     "evalsha",
     "eval",
     "script|load",
     "subscribe",
     "unsubscribe",
+    "ssubscribe",
+    "sunsubscribe",
     "ping",
     "script",
 ];
-const LUA_CMDS: [&str; 9] = [
+const LUA_CMDS: [&str; 17] = [
     "get",
     "set",
     "pttl",
@@ -306,7 +308,15 @@ const LUA_CMDS: [&str; 9] = [
     "pexpire",
     "del",
     "publish",
+    "spublish",
     "pubsub|numsub",
+    "pubsub|shardnumsub",
+    "zadd",
+    "zrange",
+    "zrem",
+    "zcard",
+    "zscore",
+    "setrange",
 ];
 
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
@@ -570,25 +580,27 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
         let row = text.lines().last()?;
         row.split(',').nth(1)?.trim_matches('"').parse().ok()
     };
-    let a = rps(vec![
-        "EVALSHA".into(),
-        acquire,
-        "2".into(),
-        "{b:__rand_int__}".into(),
-        "{b:__rand_int__}:fence".into(),
-        "tok".into(),
-        "30000".into(),
-        "604800000".into(),
-    ])?;
-    let r = rps(vec![
-        "EVALSHA".into(),
-        release,
-        "3".into(),
-        "{b:__rand_int__}".into(),
-        "{b:__rand_int__}:released".into(),
-        "{b:__rand_int__}:fence".into(),
-        "tok".into(),
-    ])?;
+    // The same KEYS and ARGV as the crate sends (see `waitlock::scripts`).
+    let call = |sha: &str| -> Vec<String> {
+        [
+            "EVALSHA",
+            sha,
+            "3",
+            "{b:__rand_int__}",
+            "{b:__rand_int__}:fence",
+            "{b:__rand_int__}:q",
+            "tok",
+            "30000",
+            "604800000",
+            "500",
+            "",
+            "",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let a = rps(call(&acquire))?;
+    let r = rps(call(&release))?;
     Some((a, r))
 }
 

@@ -21,10 +21,12 @@ fn summary(mut v: Vec<f64>) -> String {
     )
 }
 
-/// Times `N` handoffs: the key is held, one waiter waits, the holder (after `idle`) releases;
-/// the time runs from the release call to the moment the waiter holds the lock.
-async fn handoffs(locker: &PubSubLocker, tag: &str, idle: Duration) -> Vec<f64> {
+/// Times `N` handoffs: the key is held, one waiter is queued, the holder (after `idle`)
+/// releases; the time runs from the release call to the moment the waiter holds the lock.
+/// Also returns the attempts and grant deliveries the waiters needed between release and hold.
+async fn handoffs(locker: &PubSubLocker, tag: &str, idle: Duration) -> (Vec<f64>, u64, u64) {
     let mut v = Vec::with_capacity(N);
+    let (mut attempts, mut grants) = (0, 0);
     for i in 0..N {
         let key = format!("{tag}{i}");
         let g = locker
@@ -39,20 +41,33 @@ async fn handoffs(locker: &PubSubLocker, tag: &str, idle: Duration) -> Vec<f64> 
                 .expect("acquire_wait");
             (Instant::now(), g)
         });
-        while locker.registry_size().waiters == 0 {
+        // Queued in Redis (the waiter's queueing attempt has run).
+        while locker.status(&key).await.expect("status").queued == 0 {
             tokio::task::yield_now().await;
         }
-        locker.subscriptions_settled().await;
         if !idle.is_zero() {
             tokio::time::sleep(idle).await; // every thread of the process parks
         }
+        let before = locker.stats();
         let released = Instant::now();
         g.release().await.expect("release");
         let (held, g2) = waiter.await.expect("waiter");
         v.push((held - released).as_secs_f64() * 1e6);
+        let after = locker.stats();
+        attempts += after.attempts - before.attempts;
+        grants += after.by_notification - before.by_notification;
         g2.release().await.expect("release");
     }
-    v
+    (v, attempts, grants)
+}
+
+fn report(what: &str, (v, attempts, grants): (Vec<f64>, u64, u64)) {
+    println!(
+        "{what} {}   per handoff: {:.2} deliveries, {:.2} attempts (round trips)",
+        summary(v),
+        grants as f64 / N as f64,
+        attempts as f64 / N as f64
+    );
 }
 
 #[tokio::main]
@@ -86,17 +101,16 @@ async fn main() {
         .expect("subscriber");
     sub.init().await.expect("connect");
     let mut rx = sub.message_rx();
-    sub.subscribe("probe").await.expect("subscribe");
-    let _: Value = sub.ping(None).await.expect("ping");
+    sub.ssubscribe("probe").await.expect("ssubscribe");
     let mut v = Vec::with_capacity(N);
     for _ in 0..N {
         let t = Instant::now();
-        let _: i64 = client.publish("probe", "x").await.expect("publish");
+        let _: i64 = client.spublish("probe", "x").await.expect("spublish");
         let _ = rx.recv().await.expect("message");
         v.push(t.elapsed().as_secs_f64() * 1e6);
     }
     println!(
-        "PUBLISH until the subscriber has the message      {}",
+        "SPUBLISH until the subscriber has the message     {}",
         summary(v)
     );
 
@@ -106,44 +120,33 @@ async fn main() {
         .build_pubsub()
         .await
         .expect("pubsub");
-    println!(
-        "handoff, process busy (release -> next holds)    {}",
-        summary(handoffs(&pubsub, "busy", Duration::ZERO).await)
+    report(
+        "handoff, process busy (release -> next holds)   ",
+        handoffs(&pubsub, "busy", Duration::ZERO).await,
     );
-    println!(
-        "handoff, process idle 2 ms before the release    {}",
-        summary(handoffs(&pubsub, "idle", Duration::from_millis(2)).await)
+    report(
+        "handoff, process idle 2 ms before the release   ",
+        handoffs(&pubsub, "idle", Duration::from_millis(2)).await,
     );
 
-    // The same idle handoff without waitlock's machinery: a task blocked on the raw fred
-    // subscriber stream, then one acquire attempt. The floor for any pub/sub design.
+    // The same idle delivery without waitlock's machinery: a task blocked on the raw fred
+    // subscriber stream, woken by an SPUBLISH sent after 2 ms of idleness. The floor for one
+    // delivery to a parked process.
     let mut v = Vec::with_capacity(N);
-    for i in 0..N {
-        let key = format!("raw{i}");
-        let g = locker
-            .acquire(&key, &LockOptions::new())
-            .await
-            .expect("acquire");
-        let channel = format!("{{waitlock:{key}}}:released");
-        sub.subscribe(channel.clone()).await.expect("subscribe");
-        let _: Value = sub.ping(None).await.expect("ping");
+    for _ in 0..N {
         let mut rx = sub.message_rx();
-        let (l, k) = (locker.clone(), key.clone());
         let waiter = tokio::spawn(async move {
             let _ = rx.recv().await;
-            let g = l.acquire(&k, &LockOptions::new()).await.expect("acquire");
-            (Instant::now(), g)
+            Instant::now()
         });
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let released = Instant::now();
-        g.release().await.expect("release");
-        let (held, g2) = waiter.await.expect("waiter");
-        v.push((held - released).as_secs_f64() * 1e6);
-        g2.release().await.expect("release");
-        sub.unsubscribe(channel).await.expect("unsubscribe");
+        let sent = Instant::now();
+        let _: i64 = client.spublish("probe", "x").await.expect("spublish");
+        let got = waiter.await.expect("waiter");
+        v.push((got - sent).as_secs_f64() * 1e6);
     }
     println!(
-        "raw fred subscriber + 1 attempt, idle 2 ms       {}",
+        "raw fred subscriber, idle 2 ms, SPUBLISH -> woken {}",
         summary(v)
     );
 }

@@ -10,13 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
-/// Starts one `acquire_wait` in a task and returns once Redis has confirmed its subscription.
+/// Starts one `acquire_wait` in a task and returns once it is queued in Redis (its
+/// subscription confirmed, its queueing attempt run).
 async fn registered_waiter(
     locker: &PubSubLocker,
     key: &'static str,
     opts: &LockOptions,
 ) -> tokio::task::JoinHandle<waitlock::Result<waitlock::LockGuard>> {
     let before = locker.registry_size().waiters;
+    let queued_before = locker.status(key).await.expect("status").queued;
     let waiter = {
         let (locker, opts) = (locker.clone(), opts.clone());
         tokio::spawn(async move { locker.acquire_wait(key, &opts).await })
@@ -26,6 +28,14 @@ async fn registered_waiter(
     })
     .await;
     locker.subscriptions_settled().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while locker.status(key).await.expect("status").queued <= queued_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     waiter
 }
 
@@ -35,9 +45,7 @@ async fn pubsub(server: &RedisServer) -> PubSubLocker {
         .expect("pubsub locker")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handoff_is_driven_by_notifications() {
-    let server = RedisServer::start();
+async fn handoff_is_driven_by_notifications(server: RedisServer) {
     let a = pubsub(&server).await;
     let b = pubsub(&server).await;
     // Default backoff (1 s base): a timer wake would take long, notifications must do the work.
@@ -81,9 +89,7 @@ async fn handoff_is_driven_by_notifications() {
     assert_eq!(a.registry_size().waiters + b.registry_size().waiters, 0);
 }
 
-#[tokio::test]
-async fn a_crashed_holder_is_replaced_promptly_after_its_ttl() {
-    let server = RedisServer::start();
+async fn a_crashed_holder_is_replaced_promptly_after_its_ttl(server: RedisServer) {
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
     let g = holder
@@ -108,9 +114,7 @@ async fn a_crashed_holder_is_replaced_promptly_after_its_ttl() {
     g.release().await.expect("release");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_waiters_leave_no_registry_entry_and_no_subscription() {
-    let server = RedisServer::start();
+async fn dropped_waiters_leave_no_registry_entry_and_no_subscription(server: RedisServer) {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
@@ -153,9 +157,7 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription() {
 
 use waitlock::fred::prelude::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_survive_a_killed_subscriber_connection() {
-    let server = RedisServer::start();
+async fn waiters_survive_a_killed_subscriber_connection(server: RedisServer) {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
@@ -188,9 +190,7 @@ async fn waiters_survive_a_killed_subscriber_connection() {
     assert!(locker.stats().reconnects >= 1, "{:?}", locker.stats());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_survive_or_fail_cleanly_across_a_redis_restart() {
-    let mut server = RedisServer::start();
+async fn waiters_survive_or_fail_cleanly_across_a_redis_restart(mut server: RedisServer) {
     let locker = PubSubLocker::builder(server.client().await)
         .command_timeout(Duration::from_millis(500))
         .build_pubsub()
@@ -245,9 +245,7 @@ async fn waiters_survive_or_fail_cleanly_across_a_redis_restart() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber() {
-    let server = RedisServer::start();
+async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber(server: RedisServer) {
     let admin = server.client().await;
     let locker = pubsub(&server).await;
     let holder = Locker::new(server.client().await);
@@ -291,9 +289,7 @@ async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber() {
     assert!(s.by_notification >= 900, "{s:?}");
 }
 
-#[tokio::test]
-async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
-    let server = RedisServer::start();
+async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters(server: RedisServer) {
     let locker = pubsub(&server).await;
     let plain = Locker::new(server.client().await);
     // Default backoff: without the notification the waiter would sleep up to a second.
@@ -329,9 +325,7 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters() {
     assert_eq!(locker.stats().by_notification, 2, "{:?}", locker.stats());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn processes_take_turns_under_sustained_contention() {
-    let server = RedisServer::start();
+async fn processes_take_turns_under_sustained_contention(server: RedisServer) {
     // Three lockers, three subscriber connections: three "processes" as Redis sees them.
     let mut lockers = Vec::new();
     for _ in 0..3 {
@@ -370,9 +364,7 @@ async fn processes_take_turns_under_sustained_contention() {
     assert!(min * 2 >= max, "unfair across processes: {per_process:?}");
 }
 
-#[tokio::test]
-async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks() {
-    let server = RedisServer::start();
+async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks(server: RedisServer) {
     let admin = server.client().await;
     let connections = |list: String| list.lines().count();
     let before = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
@@ -400,4 +392,39 @@ async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test]
+async fn the_pubsub_kind_is_detected_once_at_start() {
+    let sharded = RedisServer::start();
+    assert!(pubsub(&sharded).await.uses_sharded_pubsub());
+    let classic = RedisServer::start_classic();
+    assert!(!pubsub(&classic).await.uses_sharded_pubsub());
+}
+
+/// Every test above runs twice: against a Redis with sharded pub/sub (SSUBSCRIBE/SPUBLISH), and
+/// against one without it, where the lockers fall back to classic PUBLISH/SUBSCRIBE.
+macro_rules! on_both_pubsub_kinds {
+    ($( #[$attr:meta] $name:ident; )*) => {
+        mod sharded {
+            use super::*;
+            $( #[$attr] async fn $name() { super::$name(RedisServer::start()).await } )*
+        }
+        mod classic {
+            use super::*;
+            $( #[$attr] async fn $name() { super::$name(RedisServer::start_classic()).await } )*
+        }
+    };
+}
+
+on_both_pubsub_kinds! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] handoff_is_driven_by_notifications;
+    #[tokio::test] a_crashed_holder_is_replaced_promptly_after_its_ttl;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] dropped_waiters_leave_no_registry_entry_and_no_subscription;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] waiters_survive_a_killed_subscriber_connection;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] waiters_survive_or_fail_cleanly_across_a_redis_restart;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] a_thousand_waiters_on_a_hundred_keys_share_one_subscriber;
+    #[tokio::test] releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] processes_take_turns_under_sustained_contention;
+    #[tokio::test] dropping_the_locker_closes_its_subscriber_and_stops_its_tasks;
 }

@@ -21,7 +21,18 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     paused: bool,
+    /// Extra `redis-server` arguments (kept for restarts).
+    extra: Vec<String>,
 }
+
+/// Server arguments that take sharded pub/sub away (renamed to names no client knows), as on a
+/// server without it: lockers must fall back to classic PUBLISH/SUBSCRIBE.
+pub const WITHOUT_SHARDED_PUBSUB: [&str; 4] = [
+    "--rename-command",
+    "SSUBSCRIBE",
+    "--rename-command",
+    "SPUBLISH",
+];
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -30,6 +41,23 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A server without sharded pub/sub (see [`WITHOUT_SHARDED_PUBSUB`]).
+    pub fn start_classic() -> RedisServer {
+        let mut args = Vec::new();
+        for pair in WITHOUT_SHARDED_PUBSUB.chunks(2) {
+            args.push(pair[0].to_owned());
+            args.push(pair[1].to_owned());
+            args.push(format!("{}-renamed-away-{}", pair[1], std::process::id()));
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::start_with(&refs)
+    }
+
+    /// A server started with extra arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         let dir = std::env::temp_dir().join(format!(
             "waitlock-test-{}-{}",
             std::process::id(),
@@ -42,6 +70,7 @@ impl RedisServer {
                 port: free_port(),
                 dir: dir.clone(),
                 paused: false,
+                extra: extra.iter().map(|a| a.to_string()).collect(),
             };
             if s.spawn() {
                 return s;
@@ -67,6 +96,7 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .args(&self.extra)
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
