@@ -247,11 +247,7 @@ async fn worker() {
             tokio::time::sleep(Duration::from_millis(500)).await; // let the Locker's waiters settle into sleeping
             let during = rss_bytes();
             let heap_during = live_heap();
-            let list: String = common::cmd(&client, "CLIENT LIST", vec![]).await;
-            let subs = list
-                .lines()
-                .filter(|l| l.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
-                .count();
+            let subs = common::pubsub_connections(&client).await;
             for g in held {
                 g.release().await.expect("release");
             }
@@ -262,10 +258,22 @@ async fn worker() {
                 AnyLocker::Sub(l) => l.registry_size().waiters,
                 AnyLocker::Poll(_) => 0,
             };
+            match &*locker {
+                AnyLocker::Sub(l) => l.locker().idle().await,
+                AnyLocker::Poll(l) => l.idle().await,
+            }
+            let mut queued = 0;
+            for k in 0..keys {
+                queued += holder
+                    .status(&format!("bench-scale-{k}"))
+                    .await
+                    .expect("status")
+                    .queued;
+            }
             let after = rss_bytes();
             let heap_after = live_heap();
             records.lock().await.push(format!(
-                "M {before} {during} {after} {subs} {registry} {heap_before} {heap_during} {heap_after}"
+                "M {before} {during} {after} {subs} {registry} {heap_before} {heap_during} {heap_after} {queued}"
             ));
         }
         other => panic!("unknown workload {other}"),
@@ -772,8 +780,10 @@ async fn coordinator(quick: bool) {
             .map(|s| s.split(' ').filter_map(|x| x.parse().ok()).collect())
             .unwrap_or_default();
         let mut r = Report::new(kind, "scale", waiters, 1);
-        if let [before, during, after, subs, registry, heap_before, heap_during, heap_after] = m[..]
+        if let [before, during, after, subs, registry, heap_before, heap_during, heap_after, queued] =
+            m[..]
         {
+            r.n("redis_queue_after", queued as f64);
             r.n(
                 "heap_bytes_per_waiter",
                 (heap_during as f64 - heap_before as f64) / waiters as f64,
