@@ -10,6 +10,7 @@ mod locker;
 mod options;
 mod pubsub;
 mod run;
+mod status;
 mod tasks;
 
 pub use error::{Error, LossReason, Result};
@@ -18,6 +19,7 @@ pub use locker::{Locker, LockerBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX}
 pub use options::{Backoff, LockOptions};
 pub use pubsub::{PubSubLocker, RegistrySize, WakeStats};
 pub use run::LockContext;
+pub use status::LockStatus;
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).
