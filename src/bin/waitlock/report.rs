@@ -86,11 +86,11 @@ pub fn describe(e: &Error, url: &str) -> String {
             format!("bad Redis URL {at:?}: {source}")
         }
         Error::Redis { op, source, .. } if op.starts_with("connect") => {
-            format!("cannot reach Redis at {at}: {source}")
+            format!("cannot connect to Redis at {at}: {source}")
         }
         Error::Timeout { op, after, .. } if op.starts_with("connect") => {
             format!(
-                "cannot reach Redis at {at}: no answer within {}",
+                "cannot connect to Redis at {at}: no answer within {}",
                 secs(*after)
             )
         }
