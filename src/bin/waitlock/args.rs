@@ -10,11 +10,14 @@ Exit codes of `run`:
   the command's own   when it ran (128 + n when it was killed by signal n)
   1                   the lock was held (--nonblock) or the wait ran out (see --conflict-exit-code)
   64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL
-  69                  Redis could not be reached (or stopped answering)
+  69                  Redis could not be reached, refused the password, or stopped answering
   70                  any other failure (e.g. the lock's Redis key holds foreign data)
-  75                  the lock was lost while the command ran; the command was terminated
+  75                  the lock was lost while the command ran (the command was terminated),
+                      or was no longer held when the command exited
   126 / 127           the command could not be run / was not found
   128 + n             waitlock itself got signal n while waiting for the lock
+`status` exits 0 whether the key is held or free; `release` exits 0 when it released the lock
+and 1 when the token did not hold it; both use 64, 69 and 70 as above.
 
 Environment:
   REDIS_URL           the default for --url

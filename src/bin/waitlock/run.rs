@@ -123,27 +123,34 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
         .with_ttl(args.ttl)
         .with_wait(Duration::ZERO);
     let started = Instant::now();
-    let held = match locker.acquire(key, &once).await {
+    let nonblock = args.nonblock || args.wait.is_zero();
+    // One attempt first, to say that we wait and for whom; the wait repeats it.
+    match locker.acquire(key, &once).await {
         Ok(guard) => return Ok((locker, guard)),
-        Err(Error::Locked { remaining_ttl, .. }) => remaining_ttl,
+        Err(Error::Locked { remaining_ttl, .. }) => {
+            let expires = remaining_ttl.map_or_else(
+                || "it has no expiry".to_owned(),
+                |d| format!("expires in {}", secs(d)),
+            );
+            if nonblock {
+                out.info(format!(
+                    "{} is held by another holder ({expires}): not running the command",
+                    quoted(key)
+                ));
+                return Err(args.conflict_exit_code);
+            }
+            out.info(format!(
+                "{} is held by another holder ({expires}): waiting up to {}",
+                quoted(key),
+                secs(args.wait)
+            ));
+        }
+        // A hiccup: the wait retries it until its deadline, as for any attempt.
+        Err(e) if e.is_transient() && !nonblock => {
+            tracing::debug!(error = %e, "first attempt failed; waiting");
+        }
         Err(e) => return Err(fail(e)),
-    };
-    let expires = held.map_or_else(
-        || "it has no expiry".to_owned(),
-        |d| format!("expires in {}", secs(d)),
-    );
-    if args.nonblock || args.wait.is_zero() {
-        out.info(format!(
-            "{} is held by another holder ({expires}): not running the command",
-            quoted(key)
-        ));
-        return Err(args.conflict_exit_code);
     }
-    out.info(format!(
-        "{} is held by another holder ({expires}): waiting up to {}",
-        quoted(key),
-        secs(args.wait)
-    ));
     let wait = LockOptions::new()
         .with_ttl(args.ttl)
         .with_wait(args.wait.saturating_sub(started.elapsed()));
