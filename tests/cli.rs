@@ -651,7 +651,10 @@ fn bad_usage_exits_64_and_help_and_version_exit_0() {
     let dir = Scratch::new("usage");
     let code = |args: &[&str]| {
         let mut c = Command::new(BIN);
-        c.current_dir(&dir.0).args(args);
+        c.current_dir(&dir.0)
+            .env_remove("WAITLOCK_TOKEN")
+            .env("REDIS_URL", "redis://127.0.0.1:1")
+            .args(args);
         output(c)
     };
     for args in [
