@@ -1,0 +1,229 @@
+//! The command line, as clap reads it.
+
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// Printed after `--help`: what a script or cron job needs to know.
+const AFTER_LONG_HELP: &str = "\
+Exit codes of `run`:
+  the command's own   when it ran (128 + n when it was killed by signal n)
+  1                   the lock was held (--nonblock) or the wait ran out (see --conflict-exit-code)
+  64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL
+  69                  Redis could not be reached, refused the password, or stopped answering
+  70                  any other failure (e.g. the lock's Redis key holds foreign data)
+  75                  the lock was lost while the command ran (the command was terminated),
+                      or was no longer held when the command exited
+  126 / 127           the command could not be run / was not found
+  128 + n             waitlock itself got signal n while waiting for the lock
+`status` exits 0 whether the key is held or free; `release` exits 0 when it released the lock
+and 1 when the token did not hold it; both use 64, 69 and 70 as above.
+
+Environment:
+  REDIS_URL           the default for --url
+  The command gets WAITLOCK_KEY, WAITLOCK_FENCE (a number that grows with every acquisition
+  of the key: hand it to storage that refuses stale writers) and WAITLOCK_TOKEN (the holder's
+  token; `waitlock release` reads it).
+
+Examples:
+  waitlock run nightly-report -- ./report.sh --full
+  waitlock -q run --nonblock backup -- /usr/local/bin/backup   # cron: skip if still running
+  waitlock status nightly-report --json";
+
+/// Runs a command while holding a distributed lock on Redis; shows and releases locks.
+#[derive(Debug, Parser)]
+#[command(
+    name = "waitlock",
+    version,
+    about = "Run a command under a distributed lock on Redis (like flock(1), across hosts)",
+    long_about = "Run a command under a distributed lock on Redis, like flock(1) across hosts.\n\n\
+        `waitlock run KEY -- COMMAND` waits for the lock on KEY (woken by the holder's \
+        release, not polling), runs COMMAND while refreshing the lock, and releases it when \
+        COMMAND exits. If the lock is lost meanwhile, COMMAND is terminated.",
+    after_long_help = AFTER_LONG_HELP,
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Print only errors: no "waited for", "held, waiting" or conflict messages.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// Also print the library's debug log (acquire, refresh, release) to stderr.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Take the lock on KEY, run COMMAND while holding it, release it when COMMAND exits.
+    #[command(
+        long_about = "Take the lock on KEY, run COMMAND while holding it, release it when \
+            COMMAND exits; exit with COMMAND's status.\n\n\
+            COMMAND runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to waitlock \
+            are forwarded to that group, and the lock is released once COMMAND has exited. \
+            The lock is refreshed every 0.8 x TTL; if it is lost anyway (it expired while \
+            Redis was unreachable, or someone released or deleted it), the group gets SIGTERM, \
+            then SIGKILL after the grace period, and waitlock exits 75.",
+        after_long_help = AFTER_LONG_HELP
+    )]
+    Run(RunArgs),
+
+    /// Show whether KEY is held, for how long yet, its fence and its queue.
+    Status(StatusArgs),
+
+    /// Release KEY held by TOKEN (for operators: a holder that is stuck or gone).
+    #[command(
+        long_about = "Release KEY if TOKEN holds it, and wake its waiters. For operators: a \
+            holder that is stuck or gone. Exits 0 when released, 1 when TOKEN does not hold \
+            KEY (it expired, was released, or another holder has it now).\n\n\
+            Inside a command run by `waitlock run`, `waitlock release \"$WAITLOCK_KEY\"` \
+            releases the lock early (waitlock then sees the lock lost and terminates the \
+            command)."
+    )]
+    Release(ReleaseArgs),
+}
+
+/// Where the locks live.
+#[derive(Debug, Args)]
+pub struct Conn {
+    /// The Redis to use: redis://[user:password@]host[:port][/db], rediss:// for TLS.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub url: String,
+
+    /// The prefix of the lock's Redis names; every locker of a key must use the same one.
+    #[arg(long, default_value = waitlock::DEFAULT_PREFIX, value_name = "P")]
+    pub prefix: String,
+}
+
+/// `waitlock run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+
+    /// How long Redis keeps the lock without a refresh (it is refreshed every 0.8 x TTL), so
+    /// how long others wait if waitlock's host dies: e.g. 30s, 1m, 500ms.
+    #[arg(long, default_value = "30s", value_parser = positive_duration, value_name = "DURATION")]
+    pub ttl: Duration,
+
+    /// How long to wait for the lock before giving up with the conflict exit code.
+    #[arg(
+        short,
+        long,
+        default_value = "10s",
+        value_parser = duration,
+        value_name = "DURATION",
+        conflicts_with = "nonblock"
+    )]
+    pub wait: Duration,
+
+    /// Do not wait: if the lock is held, exit with the conflict exit code at once.
+    #[arg(short, long)]
+    pub nonblock: bool,
+
+    /// The exit code when the lock could not be had (held, or the wait ran out).
+    #[arg(short = 'E', long, default_value_t = 1, value_name = "N")]
+    pub conflict_exit_code: u8,
+
+    /// When the lock is lost: how long the command has after SIGTERM before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = duration, value_name = "DURATION")]
+    pub grace: Duration,
+
+    /// The lock's name.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+
+    /// The command to run under the lock, and its arguments (after `--`).
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// `waitlock status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+
+    /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued"}.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The lock's name.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+}
+
+/// `waitlock release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+
+    /// The holder's token (a running command has it in WAITLOCK_TOKEN).
+    #[arg(long, env = "WAITLOCK_TOKEN", hide_env_values = true, value_name = "T")]
+    pub token: String,
+
+    /// The lock's name.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+}
+
+/// A duration such as `30s`, `1m 30s` or `250ms`.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 1m 30s, 250ms)"))
+}
+
+/// A duration of at least 1 ms.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d < Duration::from_millis(1) {
+        return Err("must be at least 1ms".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_options() {
+        let cli = Cli::try_parse_from(["waitlock", "run", "-n", "k", "--", "ls", "-l", "--all"])
+            .expect("parse");
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert!(run.nonblock);
+        assert_eq!(run.command, ["ls", "-l", "--all"]);
+    }
+
+    #[test]
+    fn durations_are_human() {
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("30").is_err());
+        assert!(positive_duration("0s").is_err());
+    }
+}

@@ -1,0 +1,298 @@
+//! `waitlock run`: take the lock, run the command in its own process group while refreshing
+//! the lock, release it when the command exits.
+
+use crate::args::RunArgs;
+use crate::report::{self, describe, exit_code, quoted, secs, Reporter};
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::{sleep_until, Instant};
+use waitlock::{Error, LockGuard, LockOptions, PubSubLocker};
+
+/// The signals forwarded to the command (and that end a wait for the lock).
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; from here on these signals no longer kill waitlock.
+    fn install() -> io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received. Cancel safe (each `recv` is).
+    async fn recv(&mut self) -> libc::c_int {
+        tokio::select! {
+            Some(()) = self.int.recv() => libc::SIGINT,
+            Some(()) = self.term.recv() => libc::SIGTERM,
+            Some(()) = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGKILL => "SIGKILL",
+        _ => "a signal",
+    }
+}
+
+/// The exit code of a process killed by `sig`, as the shells report it.
+fn killed_by(sig: libc::c_int) -> u8 {
+    u8::try_from(128 + sig).unwrap_or(255)
+}
+
+/// Sends `sig` to the process group `pgid` (the command and whatever it started).
+fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(-pgid, sig) };
+    if rc != 0 {
+        // ESRCH: the group is gone already, which is what we wanted.
+        tracing::debug!(pgid, sig, error = %io::Error::last_os_error(), "kill");
+    }
+}
+
+/// The shell's view of how the command ended.
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(255),
+        (None, Some(sig)) => killed_by(sig),
+        (None, None) => report::SOFTWARE,
+    }
+}
+
+/// Runs `waitlock run`; returns the exit code.
+pub async fn run(args: RunArgs, out: Reporter) -> u8 {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            out.error(format!("cannot install signal handlers: {e}"));
+            return report::SOFTWARE;
+        }
+    };
+    let key = args.key.as_str();
+    // Until the command runs, a signal ends waitlock as it would have without handlers
+    // (nothing is held yet, or the guard's drop releases what was).
+    let guard = tokio::select! {
+        guard = lock(&args, out) => guard,
+        sig = signals.recv() => {
+            out.info(format!("got {} while waiting for {}: not running the command", signal_name(sig), quoted(key)));
+            return killed_by(sig);
+        }
+    };
+    let (locker, guard) = match guard {
+        Ok(held) => held,
+        Err(code) => return code,
+    };
+    let code = supervise(&args, guard, &mut signals, out).await;
+    drop(locker);
+    code
+}
+
+/// Connects and takes the lock; on failure, the message is printed and the exit code returned.
+async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard), u8> {
+    let key = args.key.as_str();
+    let url = args.conn.url.as_str();
+    let fail = |e: Error| {
+        out.error(describe(&e, url));
+        exit_code(&e, args.conflict_exit_code)
+    };
+    tracing::debug!(url = %report::redact(url), "connecting");
+    let locker = async {
+        PubSubLocker::connect(url)
+            .await?
+            .prefix(args.conn.prefix.as_str())
+            .build_pubsub()
+            .await
+    }
+    .await
+    .map_err(fail)?;
+
+    let once = LockOptions::new()
+        .with_ttl(args.ttl)
+        .with_wait(Duration::ZERO);
+    let started = Instant::now();
+    let nonblock = args.nonblock || args.wait.is_zero();
+    // One attempt first, to say that we wait and for whom; the wait repeats it.
+    match locker.acquire(key, &once).await {
+        Ok(guard) => return Ok((locker, guard)),
+        Err(Error::Locked { remaining_ttl, .. }) => {
+            let expires = remaining_ttl.map_or_else(
+                || "it has no expiry".to_owned(),
+                |d| format!("expires in {}", secs(d)),
+            );
+            if nonblock {
+                out.info(format!(
+                    "{} is held by another holder ({expires}): not running the command",
+                    quoted(key)
+                ));
+                return Err(args.conflict_exit_code);
+            }
+            out.info(format!(
+                "{} is held by another holder ({expires}): waiting up to {}",
+                quoted(key),
+                secs(args.wait)
+            ));
+        }
+        // A hiccup: the wait retries it until its deadline, as for any attempt.
+        Err(e) if e.is_transient() && !nonblock => {
+            tracing::debug!(error = %e, "first attempt failed; waiting");
+        }
+        Err(e) => return Err(fail(e)),
+    }
+    let wait = LockOptions::new()
+        .with_ttl(args.ttl)
+        .with_wait(args.wait.saturating_sub(started.elapsed()));
+    match locker.acquire_wait(key, &wait).await {
+        Ok(guard) => {
+            out.info(format!(
+                "waited {} for {} (fence {})",
+                secs(started.elapsed()),
+                quoted(key),
+                guard.fence()
+            ));
+            Ok((locker, guard))
+        }
+        Err(e @ (Error::WaitTimeout { .. } | Error::Locked { .. })) => {
+            out.info(format!(
+                "gave up on {} after waiting {}: not running the command",
+                quoted(key),
+                secs(started.elapsed())
+            ));
+            Err(exit_code(&e, args.conflict_exit_code))
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// Runs the command under `guard` until it exits; releases the lock; returns the exit code.
+async fn supervise(
+    args: &RunArgs,
+    mut guard: LockGuard,
+    signals: &mut Signals,
+    out: Reporter,
+) -> u8 {
+    let key = args.key.as_str();
+    let held_since = Instant::now();
+    let lost = guard.keep_alive();
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(rest)
+        .env("WAITLOCK_KEY", key)
+        .env("WAITLOCK_FENCE", guard.fence().to_string())
+        .env("WAITLOCK_TOKEN", guard.token())
+        // Its own group, so a lost lock stops everything the command started, not only the
+        // command itself.
+        .process_group(0);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let name = program.to_string_lossy();
+            let code = if e.kind() == io::ErrorKind::NotFound {
+                out.error(format!("cannot run {name:?}: command not found"));
+                report::NOT_FOUND
+            } else {
+                out.error(format!("cannot run {name:?}: {e}"));
+                report::CANNOT_EXECUTE
+            };
+            release(guard, key, out).await;
+            return code;
+        }
+    };
+    // A group id is the pid of its leader; `id` is `Some` until the child has been waited for.
+    let pgid = child
+        .id()
+        .and_then(|id| libc::pid_t::try_from(id).ok())
+        .expect("a spawned child has a pid");
+
+    let mut lost_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        let kill_at = lost_at.map(|t| t + args.grace);
+        tokio::select! {
+            status = child.wait() => break status,
+            sig = signals.recv() => {
+                out.info(format!("got {}: passing it on to the command", signal_name(sig)));
+                signal_group(pgid, sig);
+            }
+            _ = lost.cancelled(), if lost_at.is_none() => {
+                let why = guard.loss().map_or_else(|| "unknown reason".to_owned(), |r| r.to_string());
+                out.error(format!(
+                    "lock on {} lost after {} ({why}): terminating the command (SIGTERM, SIGKILL after {})",
+                    quoted(key), secs(held_since.elapsed()), secs(args.grace)
+                ));
+                signal_group(pgid, libc::SIGTERM);
+                lost_at = Some(Instant::now());
+            }
+            _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !killed => {
+                out.error(format!("the command outlived the {} grace period: sending SIGKILL", secs(args.grace)));
+                signal_group(pgid, libc::SIGKILL);
+                killed = true;
+            }
+        }
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(e) => {
+            // Not expected: the child was spawned by us and is waited for only here.
+            out.error(format!("cannot wait for the command: {e}"));
+            signal_group(pgid, libc::SIGKILL);
+            release(guard, key, out).await;
+            return report::SOFTWARE;
+        }
+    };
+    let code = status_code(status);
+    let ran = secs(held_since.elapsed());
+    if let Some(at) = lost_at {
+        out.error(format!(
+            "command terminated {} after the lock on {} was lost (its status: {code})",
+            secs(at.elapsed()),
+            quoted(key)
+        ));
+        release(guard, key, out).await;
+        return report::LOST;
+    }
+    match guard.release().await {
+        Ok(()) => code,
+        Err(Error::NotHeld { .. }) => {
+            out.error(format!(
+                "{} was no longer held when the command exited after {ran} (its status: {code}): \
+                 it may have run partly without the lock",
+                quoted(key)
+            ));
+            report::LOST
+        }
+        Err(e) => {
+            out.error(format!(
+                "could not release {} ({}); it expires by its TTL of {}",
+                quoted(key),
+                describe(&e, &args.conn.url),
+                secs(args.ttl)
+            ));
+            code
+        }
+    }
+}
+
+/// Releases after a failure (the exit code is decided already): says only what is useful.
+async fn release(guard: LockGuard, key: &str, out: Reporter) {
+    match guard.release().await {
+        Ok(()) | Err(Error::NotHeld { .. }) => {}
+        Err(e) => out.error(format!(
+            "could not release {}: {e}; it expires by its TTL",
+            quoted(key)
+        )),
+    }
+}

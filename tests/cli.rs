@@ -1,0 +1,709 @@
+//! The `waitlock` binary as a process, against a private redis-server per test.
+//!
+//! Synchronisation is by events (a line in a file, a message on stderr), each awaited with a
+//! deadline; every process a test starts is killed by pid if the test fails.
+
+mod common;
+
+use common::RedisServer;
+use std::fs;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_waitlock");
+/// Long enough for a loaded 2-core machine; never reached when things work.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("waitlock-cli-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn read(&self, name: &str) -> String {
+        fs::read_to_string(self.path(name)).unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `waitlock` with the test server's URL, in `dir`, with none of the caller's WAITLOCK_*.
+fn waitlock(server: &RedisServer, dir: &Scratch) -> Command {
+    let mut c = Command::new(BIN);
+    c.current_dir(&dir.0)
+        .env("REDIS_URL", server.url())
+        .env("WL", BIN)
+        .env_remove("WAITLOCK_KEY")
+        .env_remove("WAITLOCK_FENCE")
+        .env_remove("WAITLOCK_TOKEN")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs to completion (bounded by `LIMIT`) and returns the output. Only for commands that
+/// leave no background process holding the pipes.
+fn output(mut c: Command) -> Output {
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waitlock");
+    let deadline = Instant::now() + LIMIT;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() >= deadline {
+            kill_tree(&mut child);
+            panic!("waitlock did not exit within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// Kills a still running waitlock and its command's process group, by pid.
+fn kill_tree(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        // The command leads its own group, a child of waitlock: kill those groups too.
+        let pid = child.id();
+        let children =
+            fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let _ = child.kill();
+        for c in children.split_whitespace() {
+            // The group, and the child itself should it not lead one.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{c}"), c])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = child.wait();
+    }
+}
+
+/// A running `waitlock`: on drop (a failed test), its command's process group and itself
+/// are killed by pid.
+struct Spawned {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Spawned {
+    /// Starts `c` with its stderr going to `dir/<name>` (read it with `stderr()`).
+    fn start(mut c: Command, dir: &Scratch, name: &str) -> Spawned {
+        let path = dir.path(name);
+        let file = fs::File::create(&path).expect("stderr file");
+        let child = c
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn waitlock");
+        Spawned {
+            child,
+            stderr: path,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Waits for exit, at most `LIMIT` (then the drop kills it).
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waitlock did not exit within {LIMIT:?}; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Sends `sig` (e.g. "-TERM") to waitlock itself.
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {sig} {}", self.pid());
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        kill_tree(&mut self.child);
+    }
+}
+
+/// Waits until `dir/name` satisfies `cond`; returns its content.
+fn await_file(dir: &Scratch, name: &str, what: &str, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let s = dir.read(name);
+        if cond(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {LIMIT:?} waiting for {what}; {name} holds {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits until a spawned waitlock's stderr contains `needle`.
+fn await_stderr(p: &Spawned, needle: &str) {
+    let deadline = Instant::now() + LIMIT;
+    while !p.stderr().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {needle:?} on stderr; it holds {:?}",
+            p.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A command that writes its start, then holds the lock until `go` exists.
+const HOLD_UNTIL_GO: &str = r#"echo "start $$ $WAITLOCK_FENCE" >> log; echo "$WAITLOCK_TOKEN" > token
+while [ ! -e go ]; do sleep 0.01; done
+echo "end $$" >> log"#;
+
+/// Starts a `waitlock run KEY -- sh -c HOLD_UNTIL_GO` and waits until it holds the lock.
+fn hold(server: &RedisServer, dir: &Scratch, key: &str) -> Spawned {
+    let mut c = waitlock(server, dir);
+    c.args(["run", key, "--", "sh", "-c", HOLD_UNTIL_GO]);
+    let p = Spawned::start(c, dir, "holder.err");
+    await_file(dir, "log", "the holder's start line", |s| {
+        s.contains("start")
+    });
+    p
+}
+
+fn status_json(server: &RedisServer, dir: &Scratch, key: &str) -> serde_json::Value {
+    let mut c = waitlock(server, dir);
+    c.args(["status", "--json", key]);
+    let out = output(c);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Start and end lines of each run, in file order: never interleaved, each run whole.
+fn assert_serial(log: &str, runs: usize) {
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2 * runs, "log:\n{log}");
+    let mut pids = Vec::new();
+    for pair in lines.chunks(2) {
+        let start: Vec<&str> = pair[0].split(' ').collect();
+        let end: Vec<&str> = pair[1].split(' ').collect();
+        assert_eq!(start[0], "start", "log:\n{log}");
+        assert_eq!(end[0], "end", "log:\n{log}");
+        assert_eq!(start[1], end[1], "interleaved runs; log:\n{log}");
+        pids.push(start[1].to_owned());
+    }
+    pids.sort();
+    pids.dedup();
+    assert_eq!(pids.len(), runs, "log:\n{log}");
+}
+
+#[test]
+fn a_second_run_waits_for_the_first_and_then_runs() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("serial");
+    let mut first = hold(&server, &dir, "nightly-report");
+
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run",
+        "--wait",
+        "15s",
+        "nightly-report",
+        "--",
+        "sh",
+        "-c",
+        HOLD_UNTIL_GO,
+    ]);
+    let mut second = Spawned::start(c, &dir, "second.err");
+    await_stderr(&second, "waiting up to 15.0 s");
+    assert!(
+        !dir.read("log").contains("end"),
+        "first ended before go: {}",
+        dir.read("log")
+    );
+    fs::write(dir.path("go"), "").expect("go");
+
+    assert_eq!(first.wait().code(), Some(0), "{}", first.stderr());
+    assert!(second.wait().success(), "{}", second.stderr());
+    assert_serial(&dir.read("log"), 2);
+    let stderr = second.stderr();
+    assert!(
+        stderr.contains("waited") && stderr.contains("for 'nightly-report'"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn concurrent_runs_never_interleave() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("concurrent");
+    let script = r#"echo "start $$" >> log; sleep 0.05; echo "end $$" >> log"#;
+    let runs: Vec<Spawned> = (0..4)
+        .map(|i| {
+            let mut c = waitlock(&server, &dir);
+            c.args(["run", "--wait", "15s", "k", "--", "sh", "-c", script]);
+            Spawned::start(c, &dir, &format!("run{i}.err"))
+        })
+        .collect();
+    for mut r in runs {
+        assert!(r.wait().success(), "{}", r.stderr());
+    }
+    assert_serial(&dir.read("log"), 4);
+}
+
+#[test]
+fn a_held_key_gives_the_conflict_code_without_running_the_command() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("conflict");
+    let mut holder = hold(&server, &dir, "job");
+    let marker = "echo ran > marker";
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "--nonblock", "job", "--", "sh", "-c", marker]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("'job' is held"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "-q", "run", "-n", "-E", "42", "job", "--", "sh", "-c", marker,
+    ]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(42));
+    assert_eq!(stderr_of(&out), "", "-q prints nothing for a conflict");
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "--wait", "200ms", "job", "--", "sh", "-c", marker]);
+    let started = Instant::now();
+    let out = output(c);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(took >= Duration::from_millis(200), "gave up after {took:?}");
+    assert!(took < Duration::from_secs(5), "gave up after {took:?}");
+    assert!(
+        stderr_of(&out).contains("gave up on 'job' after waiting 0.2 s"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    assert!(
+        !dir.path("marker").exists(),
+        "a command ran without the lock"
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    assert!(holder.wait().success());
+}
+
+#[test]
+fn a_signal_while_waiting_ends_the_wait_without_running_the_command() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("waitsignal");
+    let mut holder = hold(&server, &dir, "k");
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run",
+        "--wait",
+        "15s",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo ran > marker",
+    ]);
+    let mut waiter = Spawned::start(c, &dir, "waiter.err");
+    await_stderr(&waiter, "waiting up to");
+    waiter.signal("-INT");
+    assert_eq!(waiter.wait().code(), Some(128 + 2), "{}", waiter.stderr());
+    assert!(
+        waiter.stderr().contains("got SIGINT while waiting for 'k'"),
+        "{}",
+        waiter.stderr()
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    assert!(holder.wait().success());
+    assert!(!dir.path("marker").exists(), "the command ran after all");
+}
+
+#[test]
+fn verbose_shows_the_librarys_log_and_quiet_only_errors() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("verbose");
+    let mut c = waitlock(&server, &dir);
+    c.args(["--verbose", "run", "k", "--", "true"]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stderr_of(&out).contains("acquired"), "{}", stderr_of(&out));
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "-q", "k", "--", "no-such-command-for-waitlock"]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr_of(&out).contains("command not found"),
+        "errors still print"
+    );
+}
+
+#[test]
+fn a_lost_lock_terminates_the_commands_group_and_exits_75() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("lost");
+    // The command releases its own lock as an operator would, then waits on a grandchild:
+    // SIGTERM must reach both (the trap runs once the grandchild is gone).
+    let script = r#"trap 'echo term >> log; exit 0' TERM
+"$WL" release "$WAITLOCK_KEY" --token "$WAITLOCK_TOKEN" 2>> log
+sleep 10 & wait"#;
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run", "--ttl", "300ms", "--grace", "5s", "lost", "--", "sh", "-c", script,
+    ]);
+    let mut p = Spawned::start(c, &dir, "run.err");
+    let started = Instant::now();
+    let code = p.wait().code();
+    let stderr = p.stderr();
+    assert_eq!(code, Some(75), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the grandchild kept it alive"
+    );
+    assert!(
+        dir.read("log").contains("released 'lost'"),
+        "{}",
+        dir.read("log")
+    );
+    assert!(
+        dir.read("log").contains("term"),
+        "no SIGTERM: {}",
+        dir.read("log")
+    );
+    assert!(stderr.contains("lock on 'lost' lost after"), "{stderr}");
+    assert!(!stderr.contains("sending SIGKILL"), "{stderr}");
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("grace");
+    // `sleep` inherits the ignored TERM: only SIGKILL to the group ends it.
+    let script = r#"trap '' TERM; echo $$ > pgid
+"$WL" -q release "$WAITLOCK_KEY" --token "$WAITLOCK_TOKEN"
+sleep 10; echo survived >> log"#;
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run", "--ttl", "300ms", "--grace", "400ms", "stubborn", "--", "sh", "-c", script,
+    ]);
+    let mut p = Spawned::start(c, &dir, "run.err");
+    let pgid = await_file(&dir, "pgid", "the command's pid", |s| s.ends_with('\n'));
+    let started = Instant::now();
+    let code = p.wait().code();
+    let stderr = p.stderr();
+    assert_eq!(code, Some(75), "{stderr}");
+    assert!(stderr.contains("sending SIGKILL"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!dir.read("log").contains("survived"));
+    // The whole group dies, the `sleep` included (SIGKILL is delivered asynchronously).
+    let pgid: u32 = pgid.trim().parse().expect("pgid");
+    let deadline = Instant::now() + LIMIT;
+    while !live_members(pgid).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the command's process group outlived SIGKILL: {:?}",
+            live_members(pgid)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Pids of the processes in group `pgid` that are not zombies (a zombie is dead, waiting to
+/// be reaped, and `kill -0` still succeeds on it).
+fn live_members(pgid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2) == Some(&pgid.to_string().as_str()) && fields.first() != Some(&"Z") {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn the_commands_status_passes_through() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("status");
+    let run = |args: &[&str]| {
+        let mut c = waitlock(&server, &dir);
+        c.args(["run", "k", "--"]).args(args);
+        output(c)
+    };
+    assert_eq!(run(&["sh", "-c", "exit 3"]).status.code(), Some(3));
+    assert_eq!(run(&["true"]).status.code(), Some(0));
+    assert_eq!(
+        run(&["sh", "-c", "kill -USR1 $$"]).status.code(),
+        Some(128 + 10)
+    );
+    let out = run(&["sh", "-c", "echo \"$WAITLOCK_KEY $WAITLOCK_FENCE\""]);
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (key, fence) = line.trim().split_once(' ').expect("key and fence");
+    assert_eq!(key, "k");
+    assert!(fence.parse::<u64>().is_ok(), "{line}");
+
+    let out = run(&["no-such-command-for-waitlock"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr_of(&out).contains("command not found"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = run(&["/"]);
+    assert_eq!(out.status.code(), Some(126), "{}", stderr_of(&out));
+    // None of these left the lock behind.
+    assert_eq!(status_json(&server, &dir, "k")["held"], false);
+}
+
+#[test]
+fn redis_down_gives_69_and_says_where_without_the_password() {
+    let dir = Scratch::new("down");
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }; // closed again: nothing listens there
+    for sub in [
+        &["run", "k", "--", "sh", "-c", "echo ran > marker"][..],
+        &["status", "k"][..],
+    ] {
+        let url = format!("redis://user:hunter2@127.0.0.1:{port}");
+        let mut c = Command::new(BIN);
+        c.current_dir(&dir.0).env("REDIS_URL", &url).args(sub);
+        let out = output(c);
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(69), "{sub:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "cannot connect to Redis at redis://***@127.0.0.1:{port}"
+            )),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+    assert!(!dir.path("marker").exists());
+}
+
+#[test]
+fn sigterm_reaches_the_command_and_the_lock_is_released_after_it() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("sigterm");
+    let script = r#"trap 'echo "got TERM" >> log; exit 5' TERM
+echo ready >> log
+sleep 10 & wait"#;
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "k", "--", "sh", "-c", script]);
+    let mut p = Spawned::start(c, &dir, "run.err");
+    await_file(&dir, "log", "the command's ready line", |s| {
+        s.contains("ready")
+    });
+    assert_eq!(status_json(&server, &dir, "k")["held"], true);
+    p.signal("-TERM");
+    assert_eq!(p.wait().code(), Some(5), "the command's own status");
+    assert!(dir.read("log").contains("got TERM"), "{}", dir.read("log"));
+    assert!(
+        p.stderr().contains("got SIGTERM: passing it on"),
+        "{}",
+        p.stderr()
+    );
+    assert_eq!(status_json(&server, &dir, "k")["held"], false);
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "--nonblock", "k", "--", "true"]);
+    assert_eq!(output(c).status.code(), Some(0), "the lock was left held");
+}
+
+#[test]
+fn status_reports_held_and_free_keys() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("statusjson");
+    let never = status_json(&server, &dir, "never-used");
+    assert_eq!(
+        never,
+        serde_json::json!({"key": "never-used", "held": false, "remaining_ttl_ms": null,
+                           "fence": null, "queued": 0})
+    );
+
+    let mut holder = hold(&server, &dir, "report");
+    let fence: u64 = dir
+        .read("log")
+        .split_whitespace()
+        .nth(2)
+        .and_then(|f| f.parse().ok())
+        .expect("fence in the log");
+    let held = status_json(&server, &dir, "report");
+    assert_eq!(held["key"], "report");
+    assert_eq!(held["held"], true);
+    assert_eq!(held["fence"], fence);
+    assert_eq!(held["queued"], 0);
+    let ttl = held["remaining_ttl_ms"].as_u64().expect("a TTL");
+    assert!(ttl > 0 && ttl <= 30_000, "{ttl}");
+    assert!(!held.to_string().contains(dir.read("token").trim()));
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "report"]);
+    let human = String::from_utf8_lossy(&output(c).stdout).into_owned();
+    assert!(
+        human.starts_with("'report' is held: expires in ")
+            && human.contains(&format!("fence {fence}")),
+        "{human}"
+    );
+
+    fs::write(dir.path("go"), "").expect("go");
+    assert!(holder.wait().success());
+    let free = status_json(&server, &dir, "report");
+    assert_eq!(free["held"], false);
+    assert_eq!(free["fence"], fence, "the last fence stays readable");
+}
+
+#[test]
+fn release_by_token_for_operators() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("release");
+    let holder = hold(&server, &dir, "stuck");
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["release", "stuck", "--token", "not-the-token"]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr_of(&out).contains("'stuck' is not held by that token"),
+        "{}",
+        stderr_of(&out)
+    );
+
+    let token = dir.read("token");
+    let mut c = waitlock(&server, &dir);
+    c.args(["release", "stuck", "--token", token.trim()]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(!stderr_of(&out).contains(token.trim()), "the token printed");
+    assert_eq!(status_json(&server, &dir, "stuck")["held"], false);
+
+    // The holder finds out at its next refresh (TTL 30 s: in 24 s); do not wait for that.
+    drop(holder);
+}
+
+#[test]
+fn bad_usage_exits_64_and_help_and_version_exit_0() {
+    let dir = Scratch::new("usage");
+    let code = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.current_dir(&dir.0)
+            .env_remove("WAITLOCK_TOKEN")
+            .env("REDIS_URL", "redis://127.0.0.1:1")
+            .args(args);
+        output(c)
+    };
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["run", "k"],
+        &["run", "--bogus", "k", "--", "true"],
+        &["run", "--ttl", "30", "k", "--", "true"],
+        &["run", "--ttl", "0s", "k", "--", "true"],
+        &["run", "--nonblock", "--wait", "1s", "k", "--", "true"],
+        &["run", "-E", "256", "k", "--", "true"],
+        &["status"],
+        &["release", "k"],
+        &["-q", "-v", "status", "k"],
+    ] {
+        let out = code(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr_of(&out));
+        assert!(!stderr_of(&out).is_empty(), "{args:?} said nothing");
+    }
+    // Refused by the library, before any command runs: also usage.
+    let server = RedisServer::start();
+    for args in [
+        &["run", "--prefix", "a{b", "k", "--", "true"][..],
+        &["run", "", "--", "true"],
+        &["status", ""],
+        &["release", "k", "--token", ""],
+    ] {
+        let mut c = waitlock(&server, &dir);
+        c.args(args);
+        let out = output(c);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr_of(&out));
+    }
+
+    let help = code(&["run", "--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout).into_owned();
+    for needle in [
+        "--nonblock",
+        "--conflict-exit-code",
+        "REDIS_URL",
+        "75",
+        "WAITLOCK_FENCE",
+    ] {
+        assert!(text.contains(needle), "run --help lacks {needle}:\n{text}");
+    }
+    let version = code(&["--version"]);
+    assert_eq!(version.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("waitlock {}", env!("CARGO_PKG_VERSION"))
+    );
+}
