@@ -77,7 +77,7 @@ impl AnyLocker {
         match self {
             AnyLocker::Poll(_) => "S 0 0 0".into(),
             AnyLocker::Sub(l) => {
-                let s = l.stats();
+                let s = l.stats().wakes;
                 format!(
                     "S {} {} {}",
                     s.by_notification,

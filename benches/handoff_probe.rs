@@ -48,12 +48,12 @@ async fn handoffs(locker: &PubSubLocker, tag: &str, idle: Duration) -> (Vec<f64>
         if !idle.is_zero() {
             tokio::time::sleep(idle).await; // every thread of the process parks
         }
-        let before = locker.stats();
+        let before = locker.stats().wakes;
         let released = Instant::now();
         g.release().await.expect("release");
         let (held, g2) = waiter.await.expect("waiter");
         v.push((held - released).as_secs_f64() * 1e6);
-        let after = locker.stats();
+        let after = locker.stats().wakes;
         attempts += after.attempts - before.attempts;
         grants += after.by_notification - before.by_notification;
         g2.release().await.expect("release");

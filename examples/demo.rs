@@ -133,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         total += w.await??.len();
     }
 
-    let stats = locker.stats();
+    let stats = locker.stats().wakes;
     println!(
         "\n{total} critical sections by 6 workers in {:.0} ms, one at a time.",
         started.elapsed().as_secs_f64() * 1e3

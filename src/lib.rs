@@ -7,6 +7,7 @@ mod keys;
 mod locker;
 mod options;
 mod redis;
+mod stats;
 mod status;
 mod tasks;
 mod wait;
@@ -19,6 +20,7 @@ pub use locker::{
     DEFAULT_PREFIX,
 };
 pub use options::{Backoff, LockOptions};
+pub use stats::{LockerStats, WaitSummary};
 pub use status::LockStatus;
 pub use wait::notify::stats::{RegistrySize, WakeStats};
 

@@ -8,9 +8,10 @@ use crate::keys::check_prefix;
 use crate::options::{check_token, check_ttl, LockOptions};
 use crate::redis::scripts::Call;
 use crate::redis::{connect_client, Attempt, Backend, Engine, Released};
+use crate::stats::LockerStats;
 use crate::status::LockStatus;
 use crate::wait::notify::hub::Hub;
-use crate::wait::notify::stats::{RegistrySize, WakeStats};
+use crate::wait::notify::stats::RegistrySize;
 use crate::wait::{self, Request};
 use fred::clients::{Client, Pool};
 use fred::interfaces::ClientLike;
@@ -250,8 +251,12 @@ impl Locker {
     /// ```
     #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.engine, key, opts)?;
-        wait::once(&self.engine, &req).await
+        let result = match Request::new(&self.engine, key, opts) {
+            Ok(req) => wait::once(&self.engine, &req).await,
+            Err(e) => Err(e),
+        };
+        self.engine.meter.record(&result, None);
+        result
     }
 
     /// Takes the lock on `key`, retrying until `opts.wait` has passed. Each sleep is a backoff
@@ -281,8 +286,13 @@ impl Locker {
     /// ```
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.engine, key, opts)?;
-        wait::poll(&self.engine, &req).await
+        let start = tokio::time::Instant::now();
+        let result = match Request::new(&self.engine, key, opts) {
+            Ok(req) => wait::poll(&self.engine, &req).await,
+            Err(e) => Err(e),
+        };
+        self.engine.meter.record(&result, Some(start.elapsed()));
+        result
     }
 
     /// Runs `f` under the lock on `key`: waits for it (up to `opts.wait`), refreshes it every
@@ -320,6 +330,11 @@ impl Locker {
     {
         let guard = self.acquire_wait(key, opts).await?;
         run_under(guard, f).await
+    }
+
+    /// Outcomes, wait times and lost locks since the locker was built (shared by its clones).
+    pub fn stats(&self) -> LockerStats {
+        self.engine.meter.snapshot(Default::default())
     }
 
     /// What Redis holds for `key` now: held or not, the remaining TTL, the last fence, and
@@ -500,9 +515,13 @@ impl PubSubLocker {
         self.hub.settled().await
     }
 
-    /// Counters of attempts and of why waits ended, since the locker was built.
-    pub fn stats(&self) -> WakeStats {
-        self.hub.counters.snapshot()
+    /// Outcomes, wait times, lost locks, and why waiters woke, since the locker was built
+    /// (shared by its clones).
+    pub fn stats(&self) -> LockerStats {
+        self.locker
+            .engine
+            .meter
+            .snapshot(self.hub.counters.snapshot())
     }
 
     /// The id fred gives the subscriber connection's client (to find it in `CLIENT LIST`
@@ -555,8 +574,14 @@ impl PubSubLocker {
     /// ```
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.locker.engine, key, opts)?;
-        wait::notify::wait(&self.locker.engine, &self.hub, &req).await
+        let engine = &self.locker.engine;
+        let start = tokio::time::Instant::now();
+        let result = match Request::new(engine, key, opts) {
+            Ok(req) => wait::notify::wait(engine, &self.hub, &req).await,
+            Err(e) => Err(e),
+        };
+        engine.meter.record(&result, Some(start.elapsed()));
+        result
     }
 
     /// Runs `f` under the lock; exactly as [`Locker::run`], waiting as

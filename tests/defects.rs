@@ -58,10 +58,10 @@ async fn no_wake_up_is_lost_across_a_subscriber_reconnect() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
-        let reconnects = locker.stats().reconnects;
+        let reconnects = locker.stats().wakes.reconnects;
         let _: Value = common::cmd(&admin, "CLIENT KILL TYPE pubsub", vec![]).await;
         eventually("fred reconnected", Duration::from_secs(10), || {
-            locker.stats().reconnects > reconnects
+            locker.stats().wakes.reconnects > reconnects
         })
         .await;
         // Releases spread over the first ~20 ms after the reconnect, while the channels are
@@ -173,7 +173,7 @@ async fn a_wait_timeout_costs_two_attempts() {
     let _held = hold_keys(&holder, "long", 1).await; // 30 s TTL
     let opts = LockOptions::new().with_wait(Duration::from_millis(200));
     let trials = 20;
-    let before = locker.stats();
+    let before = locker.stats().wakes;
     for _ in 0..trials {
         let r = locker.acquire_wait("long-0", &opts).await;
         assert!(
@@ -181,7 +181,7 @@ async fn a_wait_timeout_costs_two_attempts() {
             "{r:?}"
         );
     }
-    let after = locker.stats();
+    let after = locker.stats().wakes;
     assert_eq!(after.attempts - before.attempts, 2 * trials);
     assert_eq!(
         after.by_timer - before.by_timer,

@@ -460,3 +460,58 @@ async fn a_pool_backed_locker_works() {
     }
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
 }
+
+#[tokio::test]
+async fn stats_count_outcomes_waits_and_losses() {
+    let (_s, client, locker) = setup().await;
+    let g = locker
+        .acquire("counted", &LockOptions::new())
+        .await
+        .expect("acquire");
+    assert!(matches!(
+        locker.acquire("counted", &LockOptions::new()).await,
+        Err(Error::Locked { .. })
+    ));
+    let short = common::tight().with_wait(Duration::from_millis(30));
+    assert!(matches!(
+        locker.acquire_wait("counted", &short).await,
+        Err(Error::WaitTimeout { .. })
+    ));
+    let waiter = {
+        let l = locker.clone();
+        tokio::spawn(async move {
+            l.acquire_wait(
+                "counted",
+                &common::tight().with_wait(Duration::from_secs(5)),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    g.release().await.expect("release");
+    let mut g = waiter.await.expect("task").expect("acquire_wait");
+    let lost = g.keep_alive();
+    let _: i64 = client.del("{waitlock:counted}").await.expect("DEL");
+    g.extend(Duration::from_secs(5))
+        .await
+        .expect_err("not held");
+    assert!(lost.is_cancelled());
+    drop(g);
+    let s = locker.stats();
+    assert_eq!(
+        (
+            s.acquisitions,
+            s.locked,
+            s.wait_timeouts,
+            s.locks_lost,
+            s.errors
+        ),
+        (2, 1, 1, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.wait.count, 1);
+    assert!(
+        s.wait.p50 >= Duration::from_millis(30) && s.wait.p50 <= s.wait.max,
+        "{s:?}"
+    );
+}

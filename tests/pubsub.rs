@@ -73,7 +73,7 @@ async fn handoff_is_driven_by_notifications(server: RedisServer) {
     for t in tasks {
         t.await.expect("worker");
     }
-    let (sa, sb) = (a.stats(), b.stats());
+    let (sa, sb) = (a.stats().wakes, b.stats().wakes);
     let notified = sa.by_notification + sb.by_notification;
     let timer = sa.by_timer + sb.by_timer;
     println!(
@@ -110,7 +110,7 @@ async fn a_crashed_holder_is_replaced_promptly_after_its_ttl(server: RedisServer
         took < Duration::from_millis(1000),
         "took {took:?} for a 300 ms TTL (backoff base 1 s)"
     );
-    assert!(locker.stats().by_timer >= 1, "woken by the TTL timer");
+    assert!(locker.stats().wakes.by_timer >= 1, "woken by the TTL timer");
     g.release().await.expect("release");
 }
 
@@ -187,7 +187,7 @@ async fn waiters_survive_a_killed_subscriber_connection(server: RedisServer) {
             .expect("task")
             .expect("every waiter acquires and releases");
     }
-    assert!(locker.stats().reconnects >= 1, "{:?}", locker.stats());
+    assert!(locker.stats().wakes.reconnects >= 1, "{:?}", locker.stats());
 }
 
 async fn waiters_survive_or_fail_cleanly_across_a_redis_restart(mut server: RedisServer) {
@@ -285,7 +285,7 @@ async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber(server: Redis
     assert_eq!(lock_channels(&admin).await, 0);
     // Heads whose backoff timer fired while the holders held on are legitimate timer wakes
     // here; what matters is that every release woke its key's next waiter.
-    let s = locker.stats();
+    let s = locker.stats().wakes;
     assert!(s.by_notification >= 900, "{s:?}");
 }
 
@@ -322,7 +322,12 @@ async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters(server: RedisS
         .release()
         .await
         .expect("release");
-    assert_eq!(locker.stats().by_notification, 2, "{:?}", locker.stats());
+    assert_eq!(
+        locker.stats().wakes.by_notification,
+        2,
+        "{:?}",
+        locker.stats()
+    );
 }
 
 async fn processes_take_turns_under_sustained_contention(server: RedisServer) {
@@ -359,7 +364,10 @@ async fn processes_take_turns_under_sustained_contention(server: RedisServer) {
         per_process.iter().min().copied().unwrap_or(0),
         per_process.iter().max().copied().unwrap_or(1),
     );
-    let grants: u64 = lockers.iter().map(|l| l.stats().by_notification).sum();
+    let grants: u64 = lockers
+        .iter()
+        .map(|l| l.stats().wakes.by_notification)
+        .sum();
     assert!(grants >= 150, "only {grants} of 300 handoffs came by grant");
     assert!(min * 2 >= max, "unfair across processes: {per_process:?}");
 }

@@ -530,7 +530,7 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
     let rounds = 1500;
     let mut worst = 0.0f64;
     let mut by_grant = 0;
-    let timers_before = pubsub.stats().by_timer;
+    let timers_before = pubsub.stats().wakes.by_timer;
     for i in 0..rounds {
         let key = format!("race-{}", i % 7);
         let g = holder
@@ -550,9 +550,9 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
             .map_err(|e| format!("round {i}: {e}"))?;
         worst = worst.max(ms(held.saturating_sub(released)));
         wg.release().await.map_err(|e| format!("round {i}: {e}"))?;
-        by_grant = pubsub.stats().by_notification;
+        by_grant = pubsub.stats().wakes.by_notification;
     }
-    let timer_wakes = pubsub.stats().by_timer - timers_before;
+    let timer_wakes = pubsub.stats().wakes.by_timer - timers_before;
     if worst > 100.0 || timer_wakes > 0 {
         return Err(format!(
             "a waiter held the lock {worst:.1} ms after the release; {timer_wakes} timer wakes"

@@ -125,6 +125,12 @@ impl LockGuard {
             self.lease.renewed(sent_at, Duration::from_millis(ttl_ms));
             Ok(())
         } else {
+            if self.loss().is_none() {
+                self.engine
+                    .meter
+                    .locks_lost
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             self.lease.mark_lost(LossReason::TokenGone);
             if let Some(t) = &self.task {
                 t.lost.cancel();

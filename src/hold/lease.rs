@@ -3,6 +3,7 @@
 use crate::error::LossReason;
 use crate::keys::Names;
 use crate::redis::{scripts::validity_deadline, Engine};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
@@ -112,6 +113,9 @@ impl Refresher {
     }
 
     fn lose(&self, reason: LossReason) {
+        if let Some(engine) = self.engine.upgrade() {
+            engine.meter.locks_lost.fetch_add(1, Ordering::Relaxed);
+        }
         self.lease.mark_lost(reason);
         self.lost.cancel();
         tracing::warn!(key = %self.names.key, %reason, "lock lost");

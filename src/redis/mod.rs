@@ -11,6 +11,7 @@ pub(crate) use scripts::{Attempt, Left, Released};
 
 use crate::error::Result;
 use crate::keys::Names;
+use crate::stats::Meter;
 use crate::tasks::TaskCounter;
 use fred::clients::{Client, Pool};
 use scripts::Scripts;
@@ -42,6 +43,8 @@ pub(crate) struct Engine {
     /// How long a granted lock stays in Redis before its new holder confirms it.
     pub(crate) claim_window: Duration,
     pub(crate) tasks: Arc<TaskCounter>,
+    /// Outcomes and wait times, for `stats()`.
+    pub(crate) meter: Meter,
     scripts: Scripts,
 }
 
@@ -58,6 +61,7 @@ impl Engine {
             command_timeout,
             claim_window,
             tasks: Arc::default(),
+            meter: Meter::default(),
             scripts: Scripts::new(),
         }
     }

@@ -96,6 +96,8 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
         Err(code) => return code,
     };
     let code = supervise(&args, guard, &mut signals, out).await;
+    // With --verbose: the locker's counters (waits, grants, losses) for this run.
+    tracing::debug!(stats = ?locker.stats(), "lock statistics");
     drop(locker);
     code
 }
