@@ -11,13 +11,12 @@ use crate::error::{Error, Result};
 /// Keys longer than this are refused.
 pub(crate) const MAX_KEY_LEN: usize = 16 * 1024;
 
-/// The Redis names behind one user key.
+/// The Redis names behind one user key (the others derive from the lock's name when a call
+/// needs them: a waiting future keeps only these two).
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     pub(crate) key: String,
     pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) queue: String,
 }
 
 impl Names {
@@ -26,10 +25,18 @@ impl Names {
         let lock = format!("{{{prefix}{key}}}");
         Ok(Names {
             key: key.to_owned(),
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:q"),
             lock,
         })
+    }
+
+    /// The fence counter's name.
+    pub(crate) fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+
+    /// The waiter queue's name.
+    pub(crate) fn queue(&self) -> String {
+        format!("{}:q", self.lock)
     }
 
     /// The names behind a lock name (for a grant whose waiter is gone: the channel gives
@@ -37,8 +44,6 @@ impl Names {
     pub(crate) fn from_lock(lock: &str) -> Names {
         Names {
             key: lock.to_owned(),
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:q"),
             lock: lock.to_owned(),
         }
     }
@@ -97,8 +102,8 @@ mod tests {
     fn all_names_share_one_hash_tag() {
         for key in ["job", "a}b", "}x", "{y}", "{", "}", "sp ace", "ünï", "{}{}"] {
             let n = Names::new("waitlock:", key).unwrap();
-            assert_eq!(hash_tag(&n.lock), hash_tag(&n.fence), "{key}");
-            assert_eq!(hash_tag(&n.lock), hash_tag(&n.queue), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&n.fence()), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&n.queue()), "{key}");
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.channel("ab12")), "{key}");
             assert!(!hash_tag(&n.lock).is_empty());
         }

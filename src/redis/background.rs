@@ -97,24 +97,35 @@ impl Drop for ResidueGuard<'_> {
 /// A waiter's place in a Redis queue: when dropped armed (the waiter's future was dropped, or it
 /// failed after queueing), it leaves the queue in the background and gives back a grant it may
 /// have been sent, so the next waiter is served at once.
-pub(crate) struct QueueResidue {
-    pub(crate) engine: Arc<Engine>,
-    pub(crate) client: Client,
-    pub(crate) names: Names,
-    pub(crate) token: String,
-    pub(crate) member: String,
+///
+/// It borrows what it needs from the waiting future (whose size is every waiter's cost).
+pub(crate) struct QueueResidue<'a> {
+    pub(crate) engine: &'a Arc<Engine>,
+    pub(crate) client: &'a Client,
+    pub(crate) names: &'a Names,
+    pub(crate) token: &'a str,
+    /// The waiting process's id (the hub's).
+    pub(crate) waiter_id: &'a str,
+    pub(crate) ttl_ms: u64,
     pub(crate) own_token: bool,
     pub(crate) armed: bool,
 }
 
-impl Drop for QueueResidue {
+impl QueueResidue<'_> {
+    /// The waiter's queue member, as the scripts store it: `"<id> <ttl ms> <token>"`.
+    pub(crate) fn member(&self) -> String {
+        format!("{} {} {}", self.waiter_id, self.ttl_ms, self.token)
+    }
+}
+
+impl Drop for QueueResidue<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.engine.leave_in_background(
                 self.client.clone(),
                 self.names.clone(),
-                std::mem::take(&mut self.token),
-                std::mem::take(&mut self.member),
+                self.token.to_owned(),
+                self.member(),
                 self.own_token,
             );
         }

@@ -170,7 +170,7 @@ impl Engine {
         limit: Duration,
     ) -> Result<Vec<i64>> {
         let (script, op, names) = (&lua.script, lua.op, c.names);
-        let keys = vec![names.lock.clone(), names.fence.clone(), names.queue.clone()];
+        let keys = vec![names.lock.clone(), names.fence(), names.queue()];
         let args = self.argv(c);
         // Boxed: fred's call state is several KiB, and an unboxed future would make every
         // future that awaits it (a waiter, a task holding a guard until `release`) that large

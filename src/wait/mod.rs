@@ -88,8 +88,10 @@ pub(crate) struct Waiting {
     /// The error of the last attempt, when it failed for a reason worth reporting instead of
     /// `WaitTimeout` (a connection error, or a timeout of the full command timeout).
     last_error: Option<Error>,
-    delays: Delays,
-    backoff_cap: Duration,
+    /// Made on first use: a queued waiter never needs it (and every waiting future would
+    /// carry it).
+    delays: Option<Box<Delays>>,
+    backoff: crate::options::Backoff,
 }
 
 impl Waiting {
@@ -101,8 +103,8 @@ impl Waiting {
             wait: plan.wait,
             attempts: 0,
             last_error: None,
-            delays: Delays::new(plan.backoff.base(), plan.backoff.cap()),
-            backoff_cap: plan.backoff.cap(),
+            delays: None,
+            backoff: plan.backoff,
         }
     }
 
@@ -212,7 +214,11 @@ impl Waiting {
     /// A backoff delay, cut to the holder's remaining TTL (plus 1 ms, as PTTL rounds down) and
     /// to the deadline.
     pub(crate) fn backoff(&mut self, now: Instant, remaining: Option<Duration>) -> Duration {
-        let mut d = self.delays.next_delay(self.backoff_cap);
+        let b = self.backoff;
+        let delays = self
+            .delays
+            .get_or_insert_with(|| Box::new(Delays::new(b.base(), b.cap())));
+        let mut d = delays.next_delay(b.cap());
         if let Some(r) = remaining {
             d = d.min(r + Duration::from_millis(1));
         }

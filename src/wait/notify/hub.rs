@@ -34,11 +34,12 @@ pub(crate) enum Mode {
 
 /// Whether Redis has confirmed a channel's subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum SubState {
-    Pending,
-    Confirmed,
+    Pending = 0,
+    Confirmed = 1,
     /// The last try failed; the manager retries. Waiters poll meanwhile.
-    Failed,
+    Failed = 2,
 }
 
 /// One waiter's mailbox: the grant the dispatcher found for it, and a wake-up.
@@ -73,14 +74,36 @@ impl Cell {
     }
 }
 
-/// Per-key state shared by the key's waiters in this process.
+/// Per-key state shared by the key's waiters in this process. Its waiters are woken
+/// (`Resubscribed`) whenever it becomes confirmed after being pending or failed.
 pub(crate) struct Slot {
-    pub(crate) sub: watch::Sender<SubState>,
+    sub: AtomicU8,
+    channel: String,
+}
+
+impl Slot {
+    pub(crate) fn state(&self) -> SubState {
+        match self.sub.load(Ordering::SeqCst) {
+            1 => SubState::Confirmed,
+            2 => SubState::Failed,
+            _ => SubState::Pending,
+        }
+    }
+
+    /// Sets the state; returns the previous one.
+    fn set(&self, s: SubState) -> SubState {
+        match self.sub.swap(s as u8, Ordering::SeqCst) {
+            1 => SubState::Confirmed,
+            2 => SubState::Failed,
+            _ => SubState::Pending,
+        }
+    }
 }
 
 struct Entry {
     slot: Arc<Slot>,
-    waiters: HashMap<String, Arc<Cell>>,
+    /// By token (shared with each waiter's registration).
+    waiters: HashMap<Arc<str>, Arc<Cell>>,
 }
 
 pub(crate) struct Hub {
@@ -150,11 +173,9 @@ impl Hub {
         (reg.len(), reg.values().map(|e| e.waiters.len()).sum())
     }
 
-    /// Whether waiters of this process already listen on `channel` (confirmed by Redis).
-    pub(crate) fn is_confirmed(&self, channel: &str) -> bool {
-        lock(&self.registry)
-            .get(channel)
-            .is_some_and(|e| *e.slot.sub.borrow() == SubState::Confirmed)
+    /// Whether waiters of this process already wait on `channel`.
+    pub(crate) fn has_waiters(&self, channel: &str) -> bool {
+        lock(&self.registry).contains_key(channel)
     }
 
     /// Joins the waiters of `channel` under `token`; the first one has it subscribed.
@@ -165,18 +186,20 @@ impl Hub {
         token: &str,
     ) -> Result<Registration> {
         let cell = Arc::new(Cell::new());
+        let token: Arc<str> = Arc::from(token);
         let slot = {
             let mut reg = lock(&self.registry);
             let entry = reg.entry(channel.to_owned()).or_insert_with(|| {
                 self.mark_dirty(channel.to_owned());
                 Entry {
                     slot: Arc::new(Slot {
-                        sub: watch::Sender::new(SubState::Pending),
+                        sub: AtomicU8::new(SubState::Pending as u8),
+                        channel: channel.to_owned(),
                     }),
                     waiters: HashMap::new(),
                 }
             });
-            if entry.waiters.contains_key(token) {
+            if entry.waiters.contains_key(&token) {
                 return Err(Error::InvalidOptions {
                     key: key.to_owned(),
                     field: "token",
@@ -184,13 +207,12 @@ impl Hub {
                     reason: "another waiter of this locker waits on this key with the same token",
                 });
             }
-            entry.waiters.insert(token.to_owned(), Arc::clone(&cell));
+            entry.waiters.insert(Arc::clone(&token), Arc::clone(&cell));
             Arc::clone(&entry.slot)
         };
         Ok(Registration {
             hub: Arc::clone(self),
-            channel: channel.to_owned(),
-            token: token.to_owned(),
+            token,
             slot,
             cell,
         })
@@ -281,6 +303,16 @@ impl Hub {
             .collect()
     }
 
+    fn wake_channel(&self, channel: &str, reason: WakeReason) {
+        let cells: Vec<Arc<Cell>> = lock(&self.registry)
+            .get(channel)
+            .map(|e| e.waiters.values().cloned().collect())
+            .unwrap_or_default();
+        for c in cells {
+            c.wake(reason);
+        }
+    }
+
     fn wake_all(&self, reason: WakeReason) {
         for c in self.cells() {
             c.wake(reason);
@@ -295,7 +327,7 @@ impl Hub {
         let channels: Vec<String> = {
             let reg = lock(&self.registry);
             for e in reg.values() {
-                e.slot.sub.send_replace(SubState::Pending);
+                e.slot.set(SubState::Pending);
             }
             reg.keys().cloned().collect()
         };
@@ -389,8 +421,12 @@ impl Hub {
                 // A reconnect during the sync may have dropped what it subscribed: the channels
                 // are dirty again, and only the next sync may confirm them.
                 if self.connection_epoch.load(Ordering::SeqCst) == epoch {
-                    for (_, slot) in subs {
-                        slot.sub.send_replace(SubState::Confirmed);
+                    for (channel, slot) in subs {
+                        if slot.set(SubState::Confirmed) != SubState::Confirmed {
+                            // Its waiters wait for this (or poll, after a failure): they
+                            // check the lock now that grants can reach them.
+                            self.wake_channel(&channel, WakeReason::Resubscribed);
+                        }
                     }
                 }
                 self.applied
@@ -403,12 +439,11 @@ impl Hub {
                     _ => format!("no answer within {:?}", self.command_timeout),
                 };
                 tracing::warn!(%error, channels = channels.len(), "subscription sync failed; waiters poll until it succeeds");
-                for (_, slot) in &subs {
-                    slot.sub.send_if_modified(|s| {
-                        let changed = *s != SubState::Failed;
-                        *s = SubState::Failed;
-                        changed
-                    });
+                for (channel, slot) in &subs {
+                    if slot.set(SubState::Failed) == SubState::Pending {
+                        // Waiting for a confirmation that will not come soon: poll meanwhile.
+                        self.wake_channel(channel, WakeReason::Resubscribed);
+                    }
                 }
                 lock(&self.dirty).extend(channels);
                 false
@@ -434,15 +469,14 @@ impl Drop for Hub {
 /// A waiter's membership in its key's slot; leaving is its drop, so a dropped future leaves.
 pub(crate) struct Registration {
     hub: Arc<Hub>,
-    channel: String,
-    token: String,
+    token: Arc<str>,
     pub(crate) slot: Arc<Slot>,
     pub(crate) cell: Arc<Cell>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.hub.leave(&self.channel, &self.token);
+        self.hub.leave(&self.slot.channel, &self.token);
     }
 }
 

@@ -1,6 +1,6 @@
 //! The queue strategy: a waiter queues in Redis and the release hands it the lock.
 //!
-//! 1. **Fast path.** Unless waiters of this process already listen on the key, one plain
+//! 1. **Fast path.** Unless waiters of this process already wait on the key, one plain
 //!    attempt (an uncontended acquire costs one call and subscribes nothing).
 //! 2. **Listen.** Register in the hub; the key's grant channel for this process
 //!    (`{pk}:w:<hub id>`) is subscribed, and Redis confirms it.
@@ -34,7 +34,7 @@ use stats::WakeReason;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, Instant};
 
 /// How often a queued waiter checks the lock when nothing else wakes it (jittered by ±25%).
 /// It bounds how long a grant that nobody confirms (its waiter's process froze or died right
@@ -126,95 +126,92 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
     let mut w = Waiting::new(&req.plan);
     // One client for the whole wait, so the departure call runs after the last attempt.
     let client = engine.backend.next_client().clone();
-    let channel = req.names.channel(&hub.id);
-    if !hub.is_confirmed(&channel) {
-        counters.attempts.fetch_add(1, Ordering::Relaxed);
-        // Boxed (as every attempt below): its state would otherwise stay in every waiting future.
-        if let Step::Won(g) = Box::pin(w.attempt(engine, req, &client, "")).await? {
-            return Ok(g);
+    let registration = {
+        let channel = req.names.channel(&hub.id);
+        // Waiters of this process wait on the key already: it is held, and a plain attempt
+        // would be a wasted call (and a free lock with waiters goes to the queue anyway).
+        if !hub.has_waiters(&channel) {
+            counters.attempts.fetch_add(1, Ordering::Relaxed);
+            // Boxed (as every attempt below): its state would otherwise stay in every waiting
+            // future.
+            if let Step::Won(g) = Box::pin(w.attempt(engine, req, &client, "")).await? {
+                return Ok(g);
+            }
         }
-    }
-    let registration = hub.register(&req.names.key, &channel, &req.token)?;
+        hub.register(&req.names.key, &channel, &req.token)?
+    };
     let cell = &registration.cell;
-    let member = format!("{} {} {}", hub.id, req.plan.ttl_ms, req.token);
     let mut queue = QueueResidue {
-        engine: Arc::clone(engine),
-        client: client.clone(),
-        names: req.names.clone(),
-        token: req.token.clone(),
-        member: member.clone(),
+        engine,
+        client: &client,
+        names: &req.names,
+        token: &req.token,
+        waiter_id: &hub.id,
+        ttl_ms: req.plan.ttl_ms,
         own_token: req.own_token,
         armed: false,
     };
-    let mut sub = registration.slot.sub.subscribe();
+    let slot = &registration.slot;
     // The send time of the last attempt that left us queued: Redis ran it before any grant.
     let mut queued_at: Option<Instant> = None;
-    let mut resumed = false;
     loop {
-        // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
-        // queued waiter that nobody listens for.
-        let state = *sub.borrow_and_update();
-        let listening = match state {
-            SubState::Confirmed => true,
-            SubState::Failed => false,
-            SubState::Pending => {
-                tokio::select! {
-                    // (The watch guard must not live across an await: it is not `Send`.)
-                    r = async { sub.wait_for(|s| *s != SubState::Pending).await.map(|_| ()) } => {
-                        if r.is_err() {
-                            return Err(w.give_up(req));
-                        }
-                    }
-                    _ = sleep_until(w.deadline) => {
-                        return finish(engine, req, &mut w, &mut queue, &client).await;
-                    }
-                }
-                resumed = true;
-                continue;
-            }
-        };
-        if std::mem::take(&mut resumed) {
-            counters.woke(Some(WakeReason::Resubscribed));
-        }
-        if listening {
-            queue.armed = true;
-        }
-        counters.attempts.fetch_add(1, Ordering::Relaxed);
-        let as_member = if listening { member.as_str() } else { "" };
-        let remaining = match Box::pin(w.attempt(engine, req, &client, as_member)).await? {
-            Step::Won(g) => {
-                queue.armed = false;
-                return Ok(g);
-            }
-            Step::Held {
-                remaining,
-                queued,
-                sent_at,
-            } => {
-                queued_at = queued.then_some(sent_at);
-                remaining
-            }
-            Step::Failed => None,
-        };
-        // Wait for the grant, a wake-up or a timer.
         let now = Instant::now();
-        let timer = if listening {
-            remaining
-                .map(|r| r + Duration::from_millis(1))
-                .unwrap_or(Duration::MAX)
-                .min(check_interval())
-        } else {
-            w.backoff(now, remaining)
+        // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
+        // queued waiter that nobody listens for. While it is pending (first subscription, or
+        // after a reconnect) wait for the hub's wake-up at its confirmation; while it has
+        // failed, poll without queueing.
+        let timer = match slot.state() {
+            SubState::Pending => w.deadline.saturating_duration_since(now),
+            state => {
+                let listening = state == SubState::Confirmed;
+                queue.armed |= listening;
+                counters.attempts.fetch_add(1, Ordering::Relaxed);
+                let step = {
+                    // Built per attempt: a waiting future keeps no copy of it.
+                    let member = if listening {
+                        queue.member()
+                    } else {
+                        String::new()
+                    };
+                    Box::pin(w.attempt(engine, req, &client, &member)).await?
+                };
+                let remaining = match step {
+                    Step::Won(g) => {
+                        queue.armed = false;
+                        return Ok(g);
+                    }
+                    Step::Held {
+                        remaining,
+                        queued,
+                        sent_at,
+                    } => {
+                        queued_at = queued.then_some(sent_at);
+                        remaining
+                    }
+                    Step::Failed => None,
+                };
+                let now = Instant::now();
+                let timer = if listening {
+                    remaining
+                        .map(|r| r + Duration::from_millis(1))
+                        .unwrap_or(Duration::MAX)
+                        .min(check_interval())
+                } else {
+                    w.backoff(now, remaining)
+                };
+                timer.min(w.deadline.saturating_duration_since(now))
+            }
         };
-        let timer = timer.min(w.deadline.saturating_duration_since(now));
+        // Wait for the grant, a wake-up (reconnect, lost messages, a confirmed subscription)
+        // or the timer.
         let reason = tokio::select! {
             _ = cell.wake.notified() => Some(cell.reason()),
             _ = sleep(timer) => None,
-            _ = sub.changed(), if listening => Some(WakeReason::Reconnect),
         };
         if let Some(fence) = cell.take_grant() {
             counters.woke(Some(WakeReason::Notification));
-            if let Some(g) = take_grant(engine, req, hub, queued_at, fence).await? {
+            // Boxed (as `finish`): their call state would otherwise size every waiting future.
+            if let Some(g) = Box::pin(take_grant(engine, req, hub, queued_at, fence)).await? {
                 queue.armed = false;
                 return Ok(g);
             }
@@ -225,7 +222,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             counters.woke(reason);
         }
         if Instant::now() >= w.deadline {
-            return finish(engine, req, &mut w, &mut queue, &client).await;
+            return Box::pin(finish(engine, req, &mut w, &mut queue, &client)).await;
         }
         tracing::debug!(key = %req.names.key, attempts = w.attempts, ?reason, "woke (None = timer)");
     }
@@ -289,18 +286,19 @@ async fn finish(
     engine: &Arc<Engine>,
     req: &Request,
     w: &mut Waiting,
-    queue: &mut QueueResidue,
+    queue: &mut QueueResidue<'_>,
     client: &Client,
 ) -> Result<LockGuard> {
     if !queue.armed {
         return Err(w.give_up(req));
     }
     let sent_at = Instant::now();
+    let member = queue.member();
     let call = Call {
         names: &req.names,
         token: &req.token,
         ttl_ms: req.plan.ttl_ms,
-        member: &queue.member,
+        member: &member,
         flag: if req.own_token { "T" } else { "t" },
     };
     match Box::pin(engine.leave_on(client, &call, engine.command_timeout)).await {
