@@ -1,7 +1,7 @@
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply: {0, ttl, fence} acquired; {1, pttl, fence} this token holds it already (a grant it had
--- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, queued} another token holds it
--- (pttl -1: no expiry; queued 1 when MEMBER is in the queue now).
+-- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, queued} another token
+-- holds it (pttl -1: no expiry; queued 1 when MEMBER is in the queue now).
 local lock, fkey = KEYS[1], KEYS[2]
 local cur = redis.call('SET', lock, 'p' .. TOKEN, 'NX', 'PX', TTL, 'GET')
 if not cur then
@@ -10,25 +10,26 @@ if not cur then
   if not queued then return {0, tonumber(TTL), f} end
   -- Waiters may be queued: they come first. A grant that lapsed unconfirmed means its process
   -- is frozen or gone: its other waiters go too (unless the caller is of that process).
-  if pending and string.match(MEMBER, '^(%S+)') ~= pending then purge(pending) end
-  local got, px = grant_next(MEMBER)
+  local L = slow()
+  if pending and string.match(MEMBER, '^(%S+)') ~= pending then L.purge(pending) end
+  local got, px = L.grant_next(MEMBER)
   if got == 'self' or not got then
     local more = redis.call('ZCARD', KEYS[3]) > 0
     if more then redis.call('SETRANGE', lock, 0, 'q') end
-    fence_flags(fkey, more, nil)
+    L.fence_flags(fkey, more, nil)
     return {0, tonumber(TTL), f}
   end
   if MEMBER == '' then return {2, px, 0} end
-  enqueue()
+  L.enqueue()
   return {2, px, 1}
 end
 local state, holder = string.sub(cur, 1, 1), string.sub(cur, 2)
 if holder == TOKEN then
-  if state == 'g' then return {3, tonumber(TTL), confirm_grant()} end
+  if state == 'g' then return {3, tonumber(TTL), slow().confirm_grant()} end
   return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', fkey)))}
 end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then return {2, pttl, 0} end
 if state == 'p' then redis.call('SETRANGE', lock, 0, 'q') end
-enqueue()
+slow().enqueue()
 return {2, pttl, 1}

@@ -51,101 +51,106 @@ local function next_fence(fkey, fttl, queued, hub)
   return f, old
 end
 
--- Rewrites the fence flags, keeping the number and the TTL.
-local function fence_flags(fkey, queued, hub)
-  local old = redis.call('GET', fkey)
-  local f, q, h = fence_parse(old)
-  if old and q == queued and h == hub then return f end
-  if old then
-    redis.call('SET', fkey, fence_text(f, queued, hub), 'KEEPTTL')
-  else
-    redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', FTTL)
+-- The slow paths' functions, created only when a call needs one (Redis runs the whole script
+-- body on every call, and creating a dozen closures there costs the fast paths ~15%).
+local function slow()
+  -- Rewrites the fence flags, keeping the number and the TTL.
+  local function fence_flags(fkey, queued, hub)
+    local old = redis.call('GET', fkey)
+    local f, q, h = fence_parse(old)
+    if old and q == queued and h == hub then return f end
+    if old then
+      redis.call('SET', fkey, fence_text(f, queued, hub), 'KEEPTTL')
+    else
+      redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', FTTL)
+    end
+    return f
   end
-  return f
-end
 
--- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its process
--- died, or lost its subscriber connection).
-local function listener(channel)
-  local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', channel)
-  if type(r) == 'table' and not r.err and tonumber(r[2]) > 0 then return 's' end
-  if tonumber(redis.call('PUBSUB', 'NUMSUB', channel)[2]) > 0 then return 'c' end
-  return nil
-end
+  -- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its process
+  -- died, or lost its subscriber connection).
+  local function listener(channel)
+    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', channel)
+    if type(r) == 'table' and not r.err and tonumber(r[2]) > 0 then return 's' end
+    if tonumber(redis.call('PUBSUB', 'NUMSUB', channel)[2]) > 0 then return 'c' end
+    return nil
+  end
 
-local function split_member(m)
-  return string.match(m, '^(%S+) (%d+) (.*)$')
-end
+  local function split_member(m)
+    return string.match(m, '^(%S+) (%d+) (.*)$')
+  end
 
--- Hands the lock to the oldest live queued waiter other than `self` (a member string or '').
--- Dead waiters (nobody listens on their channel) are dropped on the way. Returns 'self' when
--- the oldest live waiter is `self` (removed from the queue, nothing written), the granted
--- token and its PX when another waiter got it, or nil when no live waiter is queued.
-local function grant_next(self)
-  local lock, fkey, q = KEYS[1], KEYS[2], KEYS[3]
-  for _ = 1, 1000 do
-    local heads = redis.call('ZRANGE', q, 0, 1)
-    local head = heads[1]
-    if not head then return nil end
-    redis.call('ZREM', q, head)
-    if head == self then return 'self' end
-    local hub, ttl, token = split_member(head)
-    if hub then
-      local channel = lock .. ':w:' .. hub
-      local how = listener(channel)
-      if how then
-        local more = heads[2] ~= nil
-        local px = math.min(tonumber(ttl), CLAIM)
-        local hub_pending = nil
-        if more then hub_pending = hub end
-        local f = next_fence(fkey, FTTL, more, hub_pending)
-        redis.call('SET', lock, 'g' .. token, 'PX', px)
-        local msg = 'g ' .. string.format('%.0f', f) .. ' ' .. token
-        if how == 's' then
-          redis.call('SPUBLISH', channel, msg)
-        else
-          redis.call('PUBLISH', channel, msg)
+  -- Hands the lock to the oldest live queued waiter other than `self` (a member string or '').
+  -- Dead waiters (nobody listens on their channel) are dropped on the way. Returns 'self' when
+  -- the oldest live waiter is `self` (removed from the queue, nothing written), the granted
+  -- token and its PX when another waiter got it, or nil when no live waiter is queued.
+  local function grant_next(self)
+    local lock, fkey, q = KEYS[1], KEYS[2], KEYS[3]
+    for _ = 1, 1000 do
+      local heads = redis.call('ZRANGE', q, 0, 1)
+      local head = heads[1]
+      if not head then return nil end
+      redis.call('ZREM', q, head)
+      if head == self then return 'self' end
+      local hub, ttl, token = split_member(head)
+      if hub then
+        local channel = lock .. ':w:' .. hub
+        local how = listener(channel)
+        if how then
+          local more = heads[2] ~= nil
+          local px = math.min(tonumber(ttl), CLAIM)
+          local hub_pending = nil
+          if more then hub_pending = hub end
+          local f = next_fence(fkey, FTTL, more, hub_pending)
+          redis.call('SET', lock, 'g' .. token, 'PX', px)
+          local msg = 'g ' .. string.format('%.0f', f) .. ' ' .. token
+          if how == 's' then
+            redis.call('SPUBLISH', channel, msg)
+          else
+            redis.call('PUBLISH', channel, msg)
+          end
+          return token, px
         end
-        return token, px
       end
     end
+    return nil
   end
-  return nil
-end
 
--- Releases a lock held by the caller: serves the queue or deletes the key. 1 deleted, 2 handed
--- to a waiter.
-local function release_held(state)
-  if state ~= 'p' then
-    if grant_next('') then return 2 end
-    fence_flags(KEYS[2], false, nil)
+  -- Releases a lock held by the caller: serves the queue or deletes the key. 1 deleted, 2 handed
+  -- to a waiter.
+  local function release_held(state)
+    if state ~= 'p' then
+      if grant_next('') then return 2 end
+      fence_flags(KEYS[2], false, nil)
+    end
+    redis.call('DEL', KEYS[1])
+    return 1
   end
-  redis.call('DEL', KEYS[1])
-  return 1
-end
 
--- Confirms a grant: the full TTL, state 'q', and the fence no longer names a pending grant.
-local function confirm_grant()
-  redis.call('SET', KEYS[1], 'q' .. TOKEN, 'PX', TTL)
-  local _, q = fence_parse(redis.call('GET', KEYS[2]))
-  return fence_flags(KEYS[2], q, nil)
-end
-
--- Removes every queued waiter of process `hub` (its grant lapsed: it is frozen or gone).
-local function purge(hub)
-  local prefix = hub .. ' '
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-    if string.sub(m, 1, #prefix) == prefix then redis.call('ZREM', KEYS[3], m) end
+  -- Confirms a grant: the full TTL, state 'q', and the fence no longer names a pending grant.
+  local function confirm_grant()
+    redis.call('SET', KEYS[1], 'q' .. TOKEN, 'PX', TTL)
+    local _, q = fence_parse(redis.call('GET', KEYS[2]))
+    return fence_flags(KEYS[2], q, nil)
   end
-end
 
--- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
-local function enqueue()
-  local added = redis.call('ZADD', KEYS[3], 'NX', now_us(), MEMBER)
-  if added == 1 then
-    redis.call('PEXPIRE', KEYS[3], FTTL)
-    local v = redis.call('GET', KEYS[2])
-    local _, queued, hub = fence_parse(v)
-    if not v or not queued then fence_flags(KEYS[2], true, hub) end
+  -- Removes every queued waiter of process `hub` (its grant lapsed: it is frozen or gone).
+  local function purge(hub)
+    local prefix = hub .. ' '
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+      if string.sub(m, 1, #prefix) == prefix then redis.call('ZREM', KEYS[3], m) end
+    end
   end
+
+  -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
+  local function enqueue()
+    local added = redis.call('ZADD', KEYS[3], 'NX', now_us(), MEMBER)
+    if added == 1 then
+      redis.call('PEXPIRE', KEYS[3], FTTL)
+      local v = redis.call('GET', KEYS[2])
+      local _, queued, hub = fence_parse(v)
+      if not v or not queued then fence_flags(KEYS[2], true, hub) end
+    end
+  end
+  return {fence_flags = fence_flags, listener = listener, split_member = split_member, grant_next = grant_next, release_held = release_held, confirm_grant = confirm_grant, purge = purge, enqueue = enqueue}
 end

@@ -6,15 +6,16 @@ if MEMBER ~= '' then redis.call('ZREM', KEYS[3], MEMBER) end
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 2) ~= TOKEN then return {0} end
 local state = string.sub(cur, 1, 1)
+local L = slow()
 if FLAG == 't' or FLAG == 'T' then
-  if state == 'g' then return {1, tonumber(TTL), confirm_grant()} end
+  if state == 'g' then return {1, tonumber(TTL), L.confirm_grant()} end
   if FLAG == 'T' then
     return {1, redis.call('PTTL', KEYS[1]), (fence_parse(redis.call('GET', KEYS[2])))}
   end
   return {0}
 end
 if state == 'g' or FLAG == 'G' then
-  release_held(state)
+  L.release_held(state)
   return {2}
 end
 return {0}
