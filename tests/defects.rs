@@ -96,7 +96,7 @@ async fn no_wake_up_is_lost_across_a_subscriber_reconnect() {
         }
     }
     assert!(
-        worst < Duration::from_millis(200),
+        worst < Duration::from_millis(500), // below the shortest check interval (750 ms)
         "a key was taken {worst:?} after its release (a wake-up was lost)"
     );
     println!(
