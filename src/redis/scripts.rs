@@ -8,7 +8,7 @@
 use super::{Client, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Names;
-use fred::interfaces::LuaInterface;
+use fred::interfaces::{ClientLike, LuaInterface};
 use fred::types::scripts::Script;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -46,10 +46,12 @@ pub(crate) enum Attempt {
         fence: u64,
         remaining: Option<Duration>,
     },
-    /// Another token holds it; `queued` when our member is in the queue now.
+    /// Another token holds it; `queued` when our member is in the queue now; `deaf` when it is
+    /// but Redis has no subscription on our grant channel (it dropped it: a slot moved).
     Locked {
         remaining: Option<Duration>,
         queued: bool,
+        deaf: bool,
     },
 }
 
@@ -160,8 +162,10 @@ impl Engine {
         ]
     }
 
-    /// EVALSHA, loading the script on NOSCRIPT (after SCRIPT FLUSH or a Redis restart), bounded
-    /// by `limit`.
+    /// EVALSHA, bounded by `limit`: loads the script on NOSCRIPT (after SCRIPT FLUSH, a Redis
+    /// restart or a failover; on a cluster, on every primary) and runs it again; retries
+    /// `TRYAGAIN` (a slot split by a migration) and `CLUSTERDOWN` until the limit. Neither
+    /// error means the script ran. fred follows MOVED and ASK itself.
     async fn eval(
         &self,
         client: &Client,
@@ -176,18 +180,31 @@ impl Engine {
         // future that awaits it (a waiter, a task holding a guard until `release`) that large
         // for its whole life. One allocation per network round trip is noise.
         let call = Box::pin(async {
-            match client
-                .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
-                .await
-            {
-                Err(e) if e.details().starts_with("NOSCRIPT") => {
-                    let text = script.lua().cloned().unwrap_or_default();
-                    client.script_load::<String, _>(text).await?;
-                    client
-                        .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys, args)
-                        .await
+            let mut loaded = false;
+            loop {
+                match client
+                    .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
+                    .await
+                {
+                    Err(e) if e.details().starts_with("NOSCRIPT") && !loaded => {
+                        let text = script.lua().cloned().unwrap_or_default();
+                        if client.is_clustered() {
+                            client
+                                .script_load_cluster::<fred::types::Value, _>(text)
+                                .await?;
+                        } else {
+                            client.script_load::<String, _>(text).await?;
+                        }
+                        loaded = true;
+                    }
+                    Err(e)
+                        if e.details().starts_with("TRYAGAIN")
+                            || e.details().starts_with("CLUSTERDOWN") =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    other => return other,
                 }
-                other => other,
             }
         });
         match tokio::time::timeout(limit, call).await {
@@ -228,9 +245,10 @@ impl Engine {
                 fence: *fence as u64,
                 remaining: remaining(*pttl),
             },
-            [2, pttl, queued] => Attempt::Locked {
+            [2, pttl, queued, rest @ ..] => Attempt::Locked {
                 remaining: remaining(*pttl),
                 queued: *queued == 1,
+                deaf: *queued == 1 && rest.first() == Some(&0),
             },
             other => return Err(unexpected(c.names, "acquire", other)),
         })

@@ -73,6 +73,8 @@ pub(crate) enum Step {
     Held {
         remaining: Option<Duration>,
         queued: bool,
+        /// Queued, but Redis has no subscription for our grants (see `Attempt::Locked`).
+        deaf: bool,
         sent_at: Instant,
     },
     /// A connection error or timeout; worth retrying until the deadline.
@@ -179,11 +181,16 @@ impl Waiting {
                 key: req.names.key.clone(),
                 remaining_ttl: remaining,
             }),
-            Ok(Attempt::Locked { remaining, queued }) => {
+            Ok(Attempt::Locked {
+                remaining,
+                queued,
+                deaf,
+            }) => {
                 self.last_error = None;
                 Ok(Step::Held {
                     remaining,
                     queued,
+                    deaf,
                     sent_at,
                 })
             }

@@ -1,6 +1,8 @@
 //! Shared test fixture: a private `redis-server` per test on a free port, plus helpers.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use fred::prelude::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -1,7 +1,9 @@
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply: {0, ttl, fence} acquired; {1, pttl, fence} this token holds it already (a grant it had
--- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, queued} another token
--- holds it (pttl -1: no expiry; queued 1 when MEMBER is in the queue now).
+-- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, 0} another token holds
+-- it (pttl -1: no expiry); {2, pttl, 1, listening} the same, and MEMBER is queued; listening 0
+-- says nobody listens on its process's grant channel (Redis dropped the subscription, e.g.
+-- when a Cluster slot moved): grants cannot reach it until it subscribes again.
 local lock, fkey = KEYS[1], KEYS[2]
 local cur = redis.call('SET', lock, 'p' .. TOKEN, 'NX', 'PX', TTL, 'GET')
 if not cur then
@@ -20,8 +22,7 @@ if not cur then
     return {0, tonumber(TTL), f}
   end
   if MEMBER == '' then return {2, px, 0} end
-  L.enqueue()
-  return {2, px, 1}
+  return {2, px, 1, L.enqueue()}
 end
 local state, holder = string.sub(cur, 1, 1), string.sub(cur, 2)
 if holder == TOKEN then
@@ -31,5 +32,4 @@ end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then return {2, pttl, 0} end
 if state == 'p' then redis.call('SETRANGE', lock, 0, 'q') end
-slow().enqueue()
-return {2, pttl, 1}
+return {2, pttl, 1, slow().enqueue()}

@@ -143,6 +143,7 @@ local function slow()
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
+  -- Returns 1 if MEMBER's process listens on its grant channel, else 0.
   local function enqueue()
     local added = redis.call('ZADD', KEYS[3], 'NX', now_us(), MEMBER)
     if added == 1 then
@@ -151,6 +152,9 @@ local function slow()
       local _, queued, hub = fence_parse(v)
       if not v or not queued then fence_flags(KEYS[2], true, hub) end
     end
+    local id = string.match(MEMBER, '^(%S+)')
+    if id and listener(KEYS[1] .. ':w:' .. id) then return 1 end
+    return 0
   end
   return {fence_flags = fence_flags, listener = listener, split_member = split_member, grant_next = grant_next, release_held = release_held, confirm_grant = confirm_grant, purge = purge, enqueue = enqueue}
 end

@@ -15,7 +15,7 @@ use crate::keys::Names;
 use crate::redis::Engine;
 use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, PubsubInterface};
-use fred::types::Value;
+use fred::types::{ClusterStateChange, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -142,6 +142,7 @@ impl Hub {
         mode: Mode,
         messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
         reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+        topology: Option<tokio::sync::broadcast::Receiver<Vec<ClusterStateChange>>>,
         command_timeout: Duration,
     ) -> Arc<Hub> {
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
@@ -162,7 +163,12 @@ impl Hub {
             tasks: Mutex::default(),
         });
         let manager = tokio::spawn(manage(Arc::downgrade(&hub), Arc::clone(&hub.manager_wake)));
-        let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&hub), messages, reconnects));
+        let dispatcher = tokio::spawn(dispatch(
+            Arc::downgrade(&hub),
+            messages,
+            reconnects,
+            topology,
+        ));
         lock(&hub.tasks).extend([manager, dispatcher]);
         hub
     }
@@ -319,10 +325,25 @@ impl Hub {
         }
     }
 
+    /// A queued waiter learned that Redis has no subscription on its channel although the
+    /// slot is confirmed (Redis drops shard channels of a slot that moves, and fred does not
+    /// say so): subscribe again; the slot's waiters wait for the confirmation, then check.
+    pub(crate) fn lost_subscription(&self, slot: &Slot) {
+        if slot.set(SubState::Pending) == SubState::Confirmed {
+            tracing::debug!(channel = %slot.channel, "subscription dropped by Redis; subscribing again");
+            self.counters
+                .lost_subscriptions
+                .fetch_add(1, Ordering::Relaxed);
+            self.mark_dirty(slot.channel.clone());
+        }
+    }
+
     /// After a reconnect every subscription is gone and messages may have been lost: every
     /// channel goes back to pending (so woken waiters wait for Redis to confirm the new
     /// subscription before they check the lock), then every waiter is woken.
-    fn on_reconnect(&self) {
+    /// (Also after a Cluster topology change, `reconnected` false: subscriptions of moved slots
+    /// may be gone.)
+    fn on_reconnect(&self, reconnected: bool) {
         self.connection_epoch.fetch_add(1, Ordering::SeqCst);
         let channels: Vec<String> = {
             let reg = lock(&self.registry);
@@ -339,8 +360,26 @@ impl Hub {
         lock(&self.dirty).extend(channels);
         self.requested.fetch_add(n, Ordering::SeqCst);
         self.manager_wake.notify_one();
-        self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        if reconnected {
+            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
         self.wake_all(WakeReason::Reconnect);
+    }
+
+    /// Shard channels grouped so that one (S)SUBSCRIBE names one slot only (a cluster refuses
+    /// cross-slot ones); on a single server, one group.
+    fn by_slot(&self, channels: Vec<String>) -> Vec<Vec<String>> {
+        if !self.subscriber.is_clustered() {
+            return vec![channels];
+        }
+        let mut groups: HashMap<u16, Vec<String>> = HashMap::new();
+        for c in channels {
+            groups
+                .entry(fred::util::redis_keyslot(c.as_bytes()))
+                .or_default()
+                .push(c);
+        }
+        groups.into_values().collect()
     }
 
     async fn subscribe(
@@ -348,8 +387,13 @@ impl Hub {
         channels: Vec<String>,
     ) -> std::result::Result<(), fred::error::Error> {
         match self.mode {
-            // SSUBSCRIBE waits for its reply.
-            Mode::Sharded => self.subscriber.ssubscribe(channels).await,
+            // SSUBSCRIBE waits for its reply (from the slot's primary, following MOVED).
+            Mode::Sharded => {
+                for group in self.by_slot(channels) {
+                    self.subscriber.ssubscribe(group).await?;
+                }
+                Ok(())
+            }
             Mode::Classic => {
                 self.subscriber.subscribe(channels).await?;
                 // SUBSCRIBE resolves when written; PING's reply comes after Redis processed it.
@@ -364,7 +408,12 @@ impl Hub {
     ) -> std::result::Result<(), fred::error::Error> {
         self.unconfirmed_unsubscribe.store(true, Ordering::SeqCst);
         match self.mode {
-            Mode::Sharded => self.subscriber.sunsubscribe(channels).await,
+            Mode::Sharded => {
+                for group in self.by_slot(channels) {
+                    self.subscriber.sunsubscribe(group).await?;
+                }
+                Ok(())
+            }
             Mode::Classic => self.subscriber.unsubscribe(channels).await,
         }
     }
@@ -501,9 +550,22 @@ async fn dispatch(
     hub: Weak<Hub>,
     mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+    mut topology: Option<tokio::sync::broadcast::Receiver<Vec<ClusterStateChange>>>,
 ) {
     loop {
         tokio::select! {
+            r = async {
+                match topology.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let Some(h) = hub.upgrade() else { return };
+                match r {
+                    Ok(_) | Err(RecvError::Lagged(_)) => h.on_reconnect(false),
+                    Err(RecvError::Closed) => topology = None,
+                }
+            }
             m = messages.recv() => {
                 let Some(h) = hub.upgrade() else { return };
                 match m {
@@ -523,7 +585,7 @@ async fn dispatch(
             r = reconnects.recv() => {
                 let Some(h) = hub.upgrade() else { return };
                 match r {
-                    Ok(_) | Err(RecvError::Lagged(_)) => h.on_reconnect(),
+                    Ok(_) | Err(RecvError::Lagged(_)) => h.on_reconnect(true),
                     Err(RecvError::Closed) => return,
                 }
             }

@@ -84,12 +84,16 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
         }
     }
     tracing::debug!(?mode, "pub/sub mode");
+    // On a cluster, a command that meets MOVED makes fred report a topology change: shard
+    // channels of moved slots may have been dropped, so every channel is subscribed again.
+    let topology = client.is_clustered().then(|| client.cluster_change_rx());
     Ok(Hub::start(
         Arc::downgrade(engine),
         subscriber,
         mode,
         messages,
         reconnects,
+        topology,
         engine.command_timeout,
     ))
 }
@@ -183,9 +187,16 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                     Step::Held {
                         remaining,
                         queued,
+                        deaf,
                         sent_at,
                     } => {
                         queued_at = queued.then_some(sent_at);
+                        if deaf && listening {
+                            // Redis dropped our subscription without telling fred (a Cluster
+                            // slot moved): subscribe again, then check.
+                            hub.lost_subscription(slot);
+                            continue;
+                        }
                         remaining
                     }
                     Step::Failed => None,

@@ -38,6 +38,7 @@ pub(crate) struct Counters {
     pub(crate) unsubscribes: AtomicU64,
     pub(crate) confirmed_on_arrival: AtomicU64,
     pub(crate) orphan_grants: AtomicU64,
+    pub(crate) lost_subscriptions: AtomicU64,
 }
 
 impl Counters {
@@ -67,6 +68,7 @@ impl Counters {
             unsubscribes: g(&self.unsubscribes),
             confirmed_on_arrival: g(&self.confirmed_on_arrival),
             orphan_grants: g(&self.orphan_grants),
+            lost_subscriptions: g(&self.lost_subscriptions),
         }
     }
 }
@@ -102,6 +104,9 @@ pub struct WakeStats {
     pub confirmed_on_arrival: u64,
     /// Grants that arrived for a waiter that had already left, and were given back at once.
     pub orphan_grants: u64,
+    /// Subscriptions Redis had dropped without a word (a Cluster slot moved), found by a
+    /// queued waiter's check and made again.
+    pub lost_subscriptions: u64,
 }
 
 /// How much the per-key registry holds.
