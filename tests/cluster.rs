@@ -233,3 +233,128 @@ async fn waiters_follow_a_slot_that_moves() {
     locker.locker().idle().await;
     assert_eq!(holder.status(key).await.expect("status").queued, 0);
 }
+
+/// What a fence-checking store does: accept a write only with a fence at least as high as the
+/// highest it has seen for the key.
+#[derive(Default)]
+struct FencedStore(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl FencedStore {
+    fn write(&self, key: &str, fence: u64) -> bool {
+        let mut m = self.0.lock().expect("store");
+        let seen = m.entry(key.to_owned()).or_insert(0);
+        if fence >= *seen {
+            *seen = fence;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let url = cluster.url();
+    let lockers = (pubsub(&url).await, pubsub(&url).await, polling(&url).await);
+    let store = Arc::new(FencedStore::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let wait = Duration::from_secs(8);
+    let mut tasks = Vec::new();
+    for t in 0..9usize {
+        let (a, b, c) = (lockers.0.clone(), lockers.1.clone(), lockers.2.clone());
+        let (store, stop) = (store.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = format!("failover-{}", t % 6);
+            let opts = common::tight()
+                .with_wait(wait)
+                .with_ttl(Duration::from_secs(2));
+            let (mut ok, mut refused, mut errors, mut late) = (0u64, 0u64, Vec::new(), 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let r = match t % 3 {
+                    0 => a.acquire_wait(&key, &opts).await,
+                    1 => b.acquire_wait(&key, &opts).await,
+                    _ => c.acquire_wait(&key, &opts).await,
+                };
+                if started.elapsed() > wait + Duration::from_secs(4) {
+                    late += 1;
+                }
+                match r {
+                    Ok(g) => {
+                        if store.write(&key, g.fence()) {
+                            ok += 1;
+                        } else {
+                            refused += 1;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        let _ = g.release().await;
+                    }
+                    Err(e) => {
+                        errors.push(format!("{e}"));
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ok, refused, errors, late)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A graceful failover: a replica takes over its primary's slots.
+    let replica = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|p| cli(*p, &["role"]).starts_with("slave"))
+        .expect("a replica");
+    assert!(cli(replica, &["cluster", "failover"]).contains("OK"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cli(replica, &["role"]).starts_with("master") {
+        assert!(Instant::now() < deadline, "failover did not happen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.wait_ok();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A primary killed (SIGKILL): its replica is promoted after the node timeout (2 s).
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port != replica && cli(n.port, &["role"]).starts_with("master"))
+        .expect("a primary to kill");
+    let victim_port = cluster.nodes[victim].port;
+    cluster.nodes[victim].kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.port != victim_port)
+            .all(|n| cli(n.port, &["cluster", "info"]).contains("cluster_state:ok"));
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cluster did not recover from the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (mut ok, mut refused, mut late) = (0, 0, 0);
+    let mut errors = Vec::new();
+    for t in tasks {
+        let (o, r, e, l) = t.await.expect("task");
+        ok += o;
+        refused += r;
+        late += l;
+        errors.extend(e);
+    }
+    assert_eq!(late, 0, "waits that ended long after their deadline");
+    assert!(ok > 100, "only {ok} acquisitions");
+    println!(
+        "failover + killed primary: {ok} acquisitions accepted by the fenced store, {refused} stale ones refused, {} errors ({:?})",
+        errors.len(),
+        errors.iter().take(3).collect::<Vec<_>>()
+    );
+}
