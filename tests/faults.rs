@@ -376,9 +376,72 @@ struct Conn {
     store_url: String,
     admin: Client,
     store: Client,
+    /// The primaries' ports when `url` is a Redis Cluster (empty for one server).
+    primaries: Vec<u16>,
 }
 
 impl Conn {
+    /// Grant channels of `key` still subscribed (on every primary of a cluster).
+    async fn listeners(&self, key: &str) -> usize {
+        if self.primaries.is_empty() {
+            return common::listeners(&self.admin, key).await;
+        }
+        let pattern = format!("{}:w:*", common::lock_key(key));
+        self.primaries
+            .iter()
+            .map(|p| {
+                common::cluster::cli(*p, &["pubsub", "shardchannels", &pattern])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Waiters left in `key`'s queue (asked of the primary that owns it).
+    async fn queued(&self, key: &str) -> i64 {
+        if self.primaries.is_empty() {
+            return common::queued(&self.admin, key).await;
+        }
+        let name = format!("{}:q", common::lock_key(key));
+        self.primaries
+            .iter()
+            .filter_map(|p| {
+                common::cluster::cli(*p, &["zcard", &name])
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+            })
+            .sum()
+    }
+
+    /// Kills the lockers' connections (every primary's, on a cluster); how many were killed.
+    async fn kill_connections(&self) -> i64 {
+        let mut killed = 0;
+        if self.primaries.is_empty() {
+            for kind in ["pubsub", "normal"] {
+                let n: Result<i64, _> = self
+                    .admin
+                    .custom(
+                        waitlock::fred::types::CustomCommand::new_static("CLIENT", None, false),
+                        vec!["KILL", "TYPE", kind],
+                    )
+                    .await;
+                killed += n.unwrap_or(0);
+            }
+            return killed;
+        }
+        for p in &self.primaries {
+            for kind in ["pubsub", "normal"] {
+                killed += common::cluster::cli(*p, &["client", "kill", "type", kind])
+                    .trim()
+                    .parse::<i64>()
+                    .unwrap_or(0);
+            }
+        }
+        killed
+    }
+
     async fn reset_store(&self) {
         let _: i64 = self.store.del(STORE_KEYS.to_vec()).await.expect("DEL");
     }
@@ -414,8 +477,8 @@ where
     }
     let mut tally = Tally::default();
     // Every worker has left and settled: Redis must show no listener and no queued waiter.
-    tally.leaks += common::listeners(&env.admin, key).await;
-    tally.leaks += common::queued(&env.admin, key).await.max(0) as usize;
+    tally.leaks += env.listeners(key).await;
+    tally.leaks += env.queued(key).await.max(0) as usize;
     let mut holds = Vec::new();
     for w in workers {
         for l in &w.seen {
@@ -476,11 +539,11 @@ async fn leak_check(env: &Conn, pubsub: &PubSubLocker, keys: &[&str]) -> Result<
         return Err(format!("registry not empty: {size:?}"));
     }
     for key in keys {
-        let subs = common::listeners(&env.admin, key).await;
+        let subs = env.listeners(key).await;
         if subs != 0 {
             return Err(format!("{subs} grant channels of {key:?} still subscribed"));
         }
-        let queued = common::queued(&env.admin, key).await;
+        let queued = env.queued(key).await;
         if queued != 0 {
             return Err(format!("{queued} waiters left in {key:?}'s queue"));
         }
@@ -554,25 +617,12 @@ async fn scenario_kill_connections(env: &Conn) -> Result<String, String> {
             wait_ms: 3000,
             ..Spec::new(locker)
         };
-        let admin = env.admin.clone();
         let mut kills = 0;
         let t = contend(env, &format!("kills-{locker}"), 8, &spec, || async {
             let until = Instant::now() + Duration::from_millis(3500);
             while Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(250)).await;
-                let a: Result<i64, _> = admin
-                    .custom(
-                        waitlock::fred::types::CustomCommand::new_static("CLIENT", None, false),
-                        vec!["KILL", "TYPE", "pubsub"],
-                    )
-                    .await;
-                let b: Result<i64, _> = admin
-                    .custom(
-                        waitlock::fred::types::CustomCommand::new_static("CLIENT", None, false),
-                        vec!["KILL", "TYPE", "normal"],
-                    )
-                    .await;
-                kills += a.unwrap_or(0) + b.unwrap_or(0);
+                kills += env.kill_connections().await;
             }
         })
         .await?;
@@ -593,18 +643,26 @@ async fn scenario_kill_connections(env: &Conn) -> Result<String, String> {
     Ok(out.join(" | "))
 }
 
-async fn scenario_redis_restart(env: &Conn, redis: &mut RedisServer) -> Result<String, String> {
+/// `restart(key)` kills and restarts, empty, the server that holds `key`.
+async fn scenario_redis_restart(
+    env: &Conn,
+    mut restart: impl FnMut(&str),
+) -> Result<String, String> {
+    // A cluster node takes longer to come back than a lone server, long enough for a 150 ms
+    // hold's release to fail on the connection instead of finding its lock gone: on a cluster
+    // holds last longer and refresh more often, so a holder learns of the loss from a refresh.
+    let on_cluster = !env.primaries.is_empty();
     let mut out = Vec::new();
     for locker in ["poll", "pubsub"] {
         // Long holds and a refresh only every 500 ms: when the data vanishes, holders keep
         // going until their next refresh while others take the lock on the fresh Redis. The
         // fence-checking store must refuse every stale holder's write.
         let spec = Spec {
-            duration_ms: 4000,
+            duration_ms: if on_cluster { 6000 } else { 4000 },
             wait_ms: 5000,
-            hold_ms: 150,
+            hold_ms: if on_cluster { 800 } else { 150 },
             ttl_ms: 1000,
-            refresh: 0.5,
+            refresh: if on_cluster { 0.25 } else { 0.5 },
             tasks: 2,
             ..Spec::new(locker)
         };
@@ -612,7 +670,7 @@ async fn scenario_redis_restart(env: &Conn, redis: &mut RedisServer) -> Result<S
         let restarted = std::cell::Cell::new(u64::MAX);
         let t = contend(env, &key, 4, &spec, || async {
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            redis.restart();
+            restart(&key);
             restarted.set(now_ns());
         })
         .await?;
@@ -625,7 +683,7 @@ async fn scenario_redis_restart(env: &Conn, redis: &mut RedisServer) -> Result<S
             &mut p,
         );
         check(
-            recovered > 5,
+            recovered > if on_cluster { 2 } else { 5 },
             format!("only {recovered} acquisitions after the restart"),
             &mut p,
         );
@@ -1070,6 +1128,7 @@ async fn coordinator() -> bool {
         store_url: store_server.url(),
         admin: redis.client().await,
         store: store_server.client().await,
+        primaries: Vec::new(),
     };
     let mut passed = 0;
     let mut failed = 0;
@@ -1104,12 +1163,41 @@ async fn coordinator() -> bool {
     scenario!("2 connections killed", scenario_kill_connections(&env));
     scenario!(
         "3 redis killed and restarted",
-        scenario_redis_restart(&env, &mut redis)
+        scenario_redis_restart(&env, |_| redis.restart())
     );
     scenario!("4 holder killed", scenario_holder_killed(&env));
     scenario!("5 holder frozen past its TTL", scenario_holder_frozen(&env));
     scenario!("6 redis frozen", scenario_redis_frozen(&env, &mut redis));
     scenario!("7 bad input", scenario_bad_input(&env));
+    // Scenarios 1-3 again, on a local 3-primary Redis Cluster.
+    if "c".starts_with(only.as_str()) || only.starts_with('c') {
+        let mut cluster = common::cluster::RedisCluster::start(3, 0);
+        let node = format!("redis://127.0.0.1:{}", cluster.nodes[0].port);
+        let cenv = Conn {
+            url: cluster.url(),
+            store_url: env.store_url.clone(),
+            admin: client_for(&node).await,
+            store: env.store.clone(),
+            primaries: cluster.primaries(),
+        };
+        scenario!("c1 steady contention on a cluster", scenario_steady(&cenv));
+        scenario!(
+            "c2 connections killed on every primary",
+            scenario_kill_connections(&cenv)
+        );
+        scenario!(
+            "c3 the key's primary killed and restarted empty",
+            scenario_redis_restart(&cenv, |key| {
+                let slot =
+                    waitlock::fred::util::redis_keyslot(format!("waitlock:{key}").as_bytes());
+                let port = cluster.owner(slot);
+                if let Some(n) = cluster.nodes.iter_mut().find(|n| n.port == port) {
+                    n.restart();
+                }
+                cluster.wait_ok();
+            })
+        );
+    }
     println!("\nfaults: {passed} passed, {failed} failed");
     failed == 0
 }
