@@ -14,6 +14,9 @@ pub enum LossReason {
     Unreachable,
     /// Refresh was off (`refresh_ratio = 0`) and the lock's validity deadline passed.
     TtlElapsed,
+    /// A refresh was not acknowledged by as many replicas as the locker requires
+    /// (`LockerBuilder::require_replicas`) within its timeout: a failover could lose it.
+    NotReplicated,
 }
 
 impl std::fmt::Display for LossReason {
@@ -24,6 +27,9 @@ impl std::fmt::Display for LossReason {
                 "Redis did not confirm a refresh before the validity deadline"
             }
             LossReason::TtlElapsed => "the TTL elapsed with refresh turned off",
+            LossReason::NotReplicated => {
+                "a refresh was not acknowledged by the required number of replicas"
+            }
         })
     }
 }
@@ -118,6 +124,20 @@ pub enum Error {
         /// The Redis key name that holds the foreign value.
         redis_key: String,
     },
+    /// The lock was taken, but fewer replicas than required
+    /// ([`LockerBuilder::require_replicas`](crate::LockerBuilder::require_replicas))
+    /// acknowledged it within the timeout; it was released again.
+    #[error("lock {key:?}: only {acknowledged} of {required} required replicas acknowledged it within {after:?}; released")]
+    NotReplicated {
+        /// The user's key.
+        key: String,
+        /// Replicas required.
+        required: u32,
+        /// Replicas that acknowledged the write.
+        acknowledged: u32,
+        /// The replication timeout that passed.
+        after: Duration,
+    },
     /// Redis did not answer a call in time.
     ///
     /// `after` is the locker's command timeout, or less for a refresh (cut to the lock's
@@ -160,6 +180,7 @@ impl Error {
             | Error::InvalidKey { key, .. }
             | Error::WrongType { key, .. }
             | Error::Timeout { key, .. }
+            | Error::NotReplicated { key, .. }
             | Error::Redis { key, .. } => key,
         }
     }
@@ -176,6 +197,8 @@ impl Error {
                     K::IO | K::Timeout | K::Canceled | K::Backpressure | K::Cluster | K::Sentinel
                 ) || source.details().starts_with("LOADING")
                     || source.details().starts_with("BUSY")
+                    // A demoted primary (Sentinel failover): the client reconnects to the new one.
+                    || source.details().starts_with("READONLY")
             }
             _ => false,
         }

@@ -60,6 +60,7 @@ pub struct LockerBuilder {
     prefix: String,
     command_timeout: Duration,
     claim_window: Duration,
+    replicas: Option<(u32, Duration)>,
 }
 
 impl std::fmt::Debug for LockerBuilder {
@@ -68,6 +69,7 @@ impl std::fmt::Debug for LockerBuilder {
             .field("prefix", &self.prefix)
             .field("command_timeout", &self.command_timeout)
             .field("claim_window", &self.claim_window)
+            .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +102,22 @@ impl LockerBuilder {
         self
     }
 
+    /// Requires `replicas` replicas to acknowledge every acquisition, confirmation of a grant
+    /// and refresh (Redis `WAIT`, up to `timeout`) before it counts: an acquisition too few
+    /// acknowledged is released and fails with [`Error::NotReplicated`]; such a refresh is a
+    /// lost lock ([`LossReason::NotReplicated`](crate::LossReason::NotReplicated)). It closes
+    /// the window in which a failover to a replica that missed the write loses the lock, at
+    /// the price of one more round trip per acquisition and refresh (and a handed-over lock
+    /// is confirmed before `acquire_wait` returns).
+    ///
+    /// `WAIT` blocks the connection it is sent on until the replicas answer: give the locker a
+    /// client (or pool) of its own. Defaults to none (no check). `replicas` must be at least
+    /// 1 and `timeout` non-zero.
+    pub fn require_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = Some((replicas, timeout));
+        self
+    }
+
     fn engine(self) -> Result<Engine> {
         check_prefix(&self.prefix)?;
         let bad = |field, value: Duration, reason| Error::InvalidOptions {
@@ -122,12 +140,24 @@ impl LockerBuilder {
                 "must be between 10 ms and one day",
             ));
         }
-        Ok(Engine::new(
+        if let Some((n, timeout)) = self.replicas {
+            if n == 0 || timeout.is_zero() {
+                return Err(Error::InvalidOptions {
+                    key: String::new(),
+                    field: "require_replicas",
+                    value: format!("({n}, {timeout:?})"),
+                    reason: "needs at least 1 replica and a non-zero timeout",
+                });
+            }
+        }
+        let mut engine = Engine::new(
             self.backend,
             self.prefix,
             self.command_timeout,
             self.claim_window,
-        ))
+        );
+        engine.replicas = self.replicas;
+        Ok(engine)
     }
 
     /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix, timeout or
@@ -186,6 +216,7 @@ impl Locker {
             prefix: DEFAULT_PREFIX.into(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             claim_window: DEFAULT_CLAIM_WINDOW,
+            replicas: None,
         }
     }
 

@@ -170,6 +170,10 @@ impl Refresher {
                     self.lose(LossReason::TokenGone);
                     return;
                 }
+                Err(crate::error::Error::NotReplicated { .. }) => {
+                    self.lose(LossReason::NotReplicated);
+                    return;
+                }
                 Err(e) => {
                     let left = valid_until.saturating_duration_since(Instant::now());
                     let retry = (left / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));

@@ -42,6 +42,9 @@ pub(crate) struct Engine {
     pub(crate) command_timeout: Duration,
     /// How long a granted lock stays in Redis before its new holder confirms it.
     pub(crate) claim_window: Duration,
+    /// Replicas that must acknowledge every acquisition and refresh (`WAIT`), and how long to
+    /// wait for them.
+    pub(crate) replicas: Option<(u32, Duration)>,
     pub(crate) tasks: Arc<TaskCounter>,
     /// Outcomes and wait times, for `stats()`.
     pub(crate) meter: Meter,
@@ -60,6 +63,7 @@ impl Engine {
             prefix,
             command_timeout,
             claim_window,
+            replicas: None,
             tasks: Arc::default(),
             meter: Meter::default(),
             scripts: Scripts::new(),

@@ -8,7 +8,7 @@
 use super::{Client, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Names;
-use fred::interfaces::{ClientLike, LuaInterface};
+use fred::interfaces::{ClientLike, LuaInterface, ServerInterface};
 use fred::types::scripts::Script;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -255,7 +255,8 @@ impl Engine {
     }
 
     /// Resets the TTL if `token` holds the key (confirming a grant). `Ok(false)`: not held.
-    /// Idempotent, so cancel safe.
+    /// Idempotent, so cancel safe. With required replicas, a write that too few acknowledged
+    /// gives `Error::NotReplicated` (the lock is left as it is: the holder decides).
     pub(crate) async fn extend(
         &self,
         names: &Names,
@@ -270,10 +271,49 @@ impl Engine {
             member: "",
             flag: "",
         };
-        let reply = self
-            .eval(self.backend.next_client(), &self.scripts.extend, &c, limit)
-            .await?;
-        Ok(reply.first() == Some(&1))
+        let client = self.backend.next_client();
+        let reply = self.eval(client, &self.scripts.extend, &c, limit).await?;
+        let extended = reply.first() == Some(&1);
+        if extended {
+            self.replicated(client, names).await?;
+        }
+        Ok(extended)
+    }
+
+    /// With required replicas: `WAIT` on `client` (the connection that sent the write) until
+    /// enough acknowledged it, else `Error::NotReplicated`. Without: nothing.
+    pub(crate) async fn replicated(&self, client: &Client, names: &Names) -> Result<()> {
+        let Some((required, timeout)) = self.replicas else {
+            return Ok(());
+        };
+        let wait = client.wait::<i64>(i64::from(required), timeout.as_millis() as i64);
+        let limit = timeout + self.command_timeout;
+        let acknowledged = match tokio::time::timeout(limit, Box::pin(wait)).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    key: names.key.clone(),
+                    op: "wait for replicas",
+                    after: limit,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(Error::Redis {
+                    key: names.key.clone(),
+                    op: "wait for replicas",
+                    source,
+                })
+            }
+            Ok(Ok(n)) => n.max(0) as u32,
+        };
+        if acknowledged < required {
+            return Err(Error::NotReplicated {
+                key: names.key.clone(),
+                required,
+                acknowledged,
+                after: timeout,
+            });
+        }
+        Ok(())
     }
 
     /// Releases the lock if `token` holds it: handed to the oldest live waiter, or deleted.

@@ -172,10 +172,14 @@ impl Waiting {
             ))
         };
         match reply {
-            Ok(Attempt::Acquired { fence } | Attempt::Granted { fence }) => Ok(held(fence, ttl)),
+            Ok(Attempt::Acquired { fence } | Attempt::Granted { fence }) => {
+                let step = held(fence, ttl);
+                self.replicated(engine, req, client, step).await
+            }
             // Our own fresh token can only be there because fred re-sent the script.
             Ok(Attempt::AlreadyHeld { fence, remaining }) if req.own_token => {
-                Ok(held(fence, remaining.unwrap_or(ttl)))
+                let step = held(fence, remaining.unwrap_or(ttl));
+                self.replicated(engine, req, client, step).await
             }
             Ok(Attempt::AlreadyHeld { remaining, .. }) => Err(Error::AlreadyHeld {
                 key: req.names.key.clone(),
@@ -203,6 +207,32 @@ impl Waiting {
                 Ok(Step::Failed)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// With required replicas, a lock just taken counts only once enough replicas acknowledged
+    /// it (`WAIT` on the client that took it); otherwise it is released and the attempt fails
+    /// with `Error::NotReplicated`.
+    async fn replicated(
+        &mut self,
+        engine: &Arc<Engine>,
+        req: &Request,
+        client: &Client,
+        step: Step,
+    ) -> Result<Step> {
+        if engine.replicas.is_none() {
+            return Ok(step);
+        }
+        match engine.replicated(client, &req.names).await {
+            Ok(()) => Ok(step),
+            Err(e) => {
+                if let Step::Won(guard) = step {
+                    // Released now (not in the background): the caller learns of a lock that
+                    // is gone, not of one that lingers.
+                    let _ = guard.release().await;
+                }
+                Err(e)
+            }
         }
     }
 

@@ -252,7 +252,9 @@ async fn take_grant(
     let ttl = req.plan.ttl();
     let px = ttl.min(engine.claim_window);
     let now = Instant::now();
-    if let Some(sent_at) = queued_at {
+    // With required replicas a grant counts only once confirmed by a write of our own that
+    // enough replicas acknowledged (the grant itself was written by the releaser).
+    if let Some(sent_at) = queued_at.filter(|_| engine.replicas.is_none()) {
         if validity_deadline(sent_at, px) > now + px / 4 {
             return Ok(Some(req.guard(
                 engine,
@@ -269,15 +271,25 @@ async fn take_grant(
         .confirmed_on_arrival
         .fetch_add(1, Ordering::Relaxed);
     let sent_at = Instant::now();
-    if engine
+    let confirmed = match engine
         .extend(
             &req.names,
             &req.token,
             req.plan.ttl_ms,
             engine.command_timeout,
         )
-        .await?
+        .await
     {
+        Err(e @ Error::NotReplicated { .. }) => {
+            let client = engine.backend.next_client();
+            let _ = engine
+                .release_on(client, &req.names, &req.token, engine.command_timeout)
+                .await;
+            return Err(e);
+        }
+        other => other?,
+    };
+    if confirmed {
         Ok(Some(req.guard(
             engine,
             Hold {
@@ -315,6 +327,12 @@ async fn finish(
     match Box::pin(engine.leave_on(client, &call, engine.command_timeout)).await {
         Ok(Left::Kept { fence, remaining }) => {
             queue.armed = false;
+            if let Err(e) = engine.replicated(client, &req.names).await {
+                let _ = engine
+                    .release_on(client, &req.names, &req.token, engine.command_timeout)
+                    .await;
+                return Err(e);
+            }
             Ok(req.guard(
                 engine,
                 Hold {
