@@ -163,9 +163,9 @@ impl LockerBuilder {
     /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix, timeout or
     /// claim window.
     pub fn build(self) -> Result<Locker> {
-        Ok(Locker {
-            engine: Arc::new(self.engine()?),
-        })
+        let engine = Arc::new(self.engine()?);
+        crate::redis::sentinel::watch(&engine);
+        Ok(Locker { engine })
     }
 
     /// A [`PubSubLocker`]: opens its one subscriber connection with the client's config (and
@@ -178,6 +178,7 @@ impl LockerBuilder {
     /// Cancel safe: a dropped call leaves nothing running.
     pub async fn build_pubsub(self) -> Result<PubSubLocker> {
         let engine = Arc::new(self.engine()?);
+        crate::redis::sentinel::watch(&engine);
         let hub = wait::notify::start_hub(&engine).await?;
         Ok(PubSubLocker {
             locker: Locker { engine },
@@ -190,14 +191,14 @@ impl Locker {
     /// A locker with the defaults (prefix `waitlock:`, command timeout 3 s, claim window
     /// 500 ms) on `client`.
     pub fn new(client: Client) -> Locker {
-        Locker {
-            engine: Arc::new(Engine::new(
-                Backend::Client(client),
-                DEFAULT_PREFIX.into(),
-                DEFAULT_COMMAND_TIMEOUT,
-                DEFAULT_CLAIM_WINDOW,
-            )),
-        }
+        let engine = Arc::new(Engine::new(
+            Backend::Client(client),
+            DEFAULT_PREFIX.into(),
+            DEFAULT_COMMAND_TIMEOUT,
+            DEFAULT_CLAIM_WINDOW,
+        ));
+        crate::redis::sentinel::watch(&engine);
+        Locker { engine }
     }
 
     /// A builder on a connected client.

@@ -4,6 +4,7 @@
 mod background;
 mod connect;
 pub(crate) mod scripts;
+pub(crate) mod sentinel;
 
 pub(crate) use background::{QueueResidue, ResidueGuard};
 pub(crate) use connect::connect_client;
@@ -48,6 +49,10 @@ pub(crate) struct Engine {
     pub(crate) tasks: Arc<TaskCounter>,
     /// Outcomes and wait times, for `stats()`.
     pub(crate) meter: Meter,
+    /// Told when a sentinel announces a new primary (the hub reconnects its subscriber).
+    pub(crate) switched: tokio::sync::broadcast::Sender<()>,
+    /// Tasks that follow the sentinels (stopped when the engine goes).
+    pub(crate) watchers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     scripts: Scripts,
 }
 
@@ -66,12 +71,27 @@ impl Engine {
             replicas: None,
             tasks: Arc::default(),
             meter: Meter::default(),
+            switched: tokio::sync::broadcast::Sender::new(4),
+            watchers: std::sync::Mutex::default(),
             scripts: Scripts::new(),
         }
     }
 
     pub(crate) fn names(&self, key: &str) -> Result<Names> {
         Names::new(&self.prefix, key)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for t in self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod sentinel;
 
 use fred::prelude::*;
 use std::io::{Read, Write};
@@ -263,6 +264,21 @@ pub async fn cmd<R: FromValue>(client: &Client, name: &'static str, args: Vec<Va
         )
         .await
         .expect(name)
+}
+
+/// As [`cmd`], but an error gives the default value (for servers that may be failing over).
+pub async fn try_cmd<R: FromValue + Default>(
+    client: &Client,
+    name: &'static str,
+    args: Vec<Value>,
+) -> R {
+    client
+        .custom(
+            fred::types::CustomCommand::new_static(name, None, false),
+            args,
+        )
+        .await
+        .unwrap_or_default()
 }
 
 /// Channels subscribed on the server (sharded and classic), via PUBSUB SHARDCHANNELS/CHANNELS.

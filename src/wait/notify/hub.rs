@@ -140,9 +140,7 @@ impl Hub {
         engine: Weak<Engine>,
         subscriber: SubscriberClient,
         mode: Mode,
-        messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
-        reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
-        topology: Option<tokio::sync::broadcast::Receiver<Vec<ClusterStateChange>>>,
+        events: Events,
         command_timeout: Duration,
     ) -> Arc<Hub> {
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
@@ -163,12 +161,7 @@ impl Hub {
             tasks: Mutex::default(),
         });
         let manager = tokio::spawn(manage(Arc::downgrade(&hub), Arc::clone(&hub.manager_wake)));
-        let dispatcher = tokio::spawn(dispatch(
-            Arc::downgrade(&hub),
-            messages,
-            reconnects,
-            topology,
-        ));
+        let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&hub), events));
         lock(&hub.tasks).extend([manager, dispatcher]);
         hub
     }
@@ -546,14 +539,46 @@ async fn manage(hub: Weak<Hub>, wake: Arc<Notify>) {
     }
 }
 
-async fn dispatch(
-    hub: Weak<Hub>,
-    mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
-    mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
-    mut topology: Option<tokio::sync::broadcast::Receiver<Vec<ClusterStateChange>>>,
-) {
+/// What the dispatcher listens to.
+pub(crate) struct Events {
+    /// Grants (and anything else published on the subscribed channels).
+    pub(crate) messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+    /// The subscriber's (re)connections.
+    pub(crate) reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+    /// Cluster topology changes seen by the locker's client (clustered configs only).
+    pub(crate) topology: Option<tokio::sync::broadcast::Receiver<Vec<ClusterStateChange>>>,
+    /// A sentinel announced a new primary.
+    pub(crate) switched: Option<tokio::sync::broadcast::Receiver<()>>,
+}
+
+async fn dispatch(hub: Weak<Hub>, events: Events) {
+    let Events {
+        mut messages,
+        mut reconnects,
+        mut topology,
+        mut switched,
+    } = events;
     loop {
         tokio::select! {
+            s = async {
+                match switched.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let Some(h) = hub.upgrade() else { return };
+                match s {
+                    // A sentinel named a new primary: reconnect the subscriber (to it); the
+                    // reconnect event then re-subscribes and has every waiter check.
+                    Ok(()) | Err(RecvError::Lagged(_)) => {
+                        let subscriber = h.subscriber.clone();
+                        tokio::spawn(async move {
+                            let _ = subscriber.force_reconnection().await;
+                        });
+                    }
+                    Err(RecvError::Closed) => switched = None,
+                }
+            }
             r = async {
                 match topology.as_mut() {
                     Some(rx) => rx.recv().await,

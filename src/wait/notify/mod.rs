@@ -87,13 +87,17 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     // On a cluster, a command that meets MOVED makes fred report a topology change: shard
     // channels of moved slots may have been dropped, so every channel is subscribed again.
     let topology = client.is_clustered().then(|| client.cluster_change_rx());
+    let switched = Some(engine.switched.subscribe());
     Ok(Hub::start(
         Arc::downgrade(engine),
         subscriber,
         mode,
-        messages,
-        reconnects,
-        topology,
+        hub::Events {
+            messages,
+            reconnects,
+            topology,
+            switched,
+        },
         engine.command_timeout,
     ))
 }

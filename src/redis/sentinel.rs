@@ -1,0 +1,111 @@
+//! Following a Sentinel failover at once. fred finds the new primary only when it reconnects;
+//! after `SENTINEL FAILOVER` with the old primary still alive its connections stay up, so its
+//! clients keep writing to a primary that is about to be demoted (about 10 s here). A
+//! subscription to every sentinel's `+switch-master` makes the locker's clients (and the
+//! pub/sub locker's subscriber) reconnect the moment a sentinel announces the new primary.
+
+use super::Engine;
+use fred::clients::SubscriberClient;
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
+use fred::types::Builder;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Starts watching the sentinels of the engine's client config, if it is a Sentinel config and
+/// a tokio runtime is there.
+pub(crate) fn watch(engine: &Arc<Engine>) {
+    let config = engine.backend.next_client().client_config();
+    let ServerConfig::Sentinel {
+        hosts,
+        service_name,
+        ..
+    } = config.server.clone()
+    else {
+        return;
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut tasks = Vec::new();
+    for host in hosts {
+        let sentinel = Config {
+            server: ServerConfig::Centralized { server: host },
+            ..Config::default()
+        };
+        let Ok(subscriber) = Builder::from_config(sentinel)
+            .set_policy(ReconnectPolicy::new_exponential(0, 10, 1000, 2))
+            .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
+            .build_subscriber_client()
+        else {
+            continue;
+        };
+        tasks.push(handle.spawn(follow(
+            Arc::downgrade(engine),
+            subscriber,
+            service_name.clone(),
+        )));
+    }
+    engine
+        .watchers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(tasks);
+}
+
+/// Listens on one sentinel; on `+switch-master` for `service` forces every client to
+/// reconnect (to the new primary, which fred asks the sentinels for).
+async fn follow(engine: Weak<Engine>, subscriber: SubscriberClient, service: String) {
+    let mut messages = subscriber.message_rx();
+    let mut reconnects = subscriber.reconnect_rx();
+    // A sentinel that is down now may come back: keep trying (fred stops after a failed
+    // first connection).
+    let mut retry = Duration::from_millis(100);
+    while subscriber.init().await.is_err() {
+        if engine.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(Duration::from_secs(5));
+    }
+    loop {
+        let message = tokio::select! {
+            r = reconnects.recv() => {
+                match r {
+                    // Every (re)connection, the first included: (re)subscribe.
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if subscriber.subscribe("+switch-master").await.is_err() {
+                            tracing::warn!("could not subscribe to +switch-master; failovers are followed when connections drop");
+                        }
+                        continue;
+                    }
+                    Err(_) => break,
+                }
+            }
+            m = messages.recv() => match m {
+                Ok(m) => m,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => break,
+            },
+        };
+        let text = message.value.as_str().unwrap_or_default().into_owned();
+        if text.split(' ').next() != Some(service.as_str()) {
+            continue;
+        }
+        let Some(engine) = engine.upgrade() else {
+            break;
+        };
+        tracing::info!(switch = %text, "Sentinel switched the primary; reconnecting");
+        let _ = engine.switched.send(());
+        let client = engine.backend.next_client().clone();
+        match &engine.backend {
+            super::Backend::Pool(pool) => {
+                let _ = pool.force_reconnection().await;
+            }
+            super::Backend::Client(_) => {
+                let _ = client.force_reconnection().await;
+            }
+        }
+    }
+    let _ = subscriber.quit().await;
+}

@@ -1,0 +1,268 @@
+//! Both lockers behind Sentinel (a primary, a replica, a sentinel: `redis-server` processes
+//! killed by pid): the replication check, `kill -9` of the primary while workers contend, and
+//! `SENTINEL FAILOVER` with the old primary alive.
+
+mod common;
+
+use common::cluster::cli;
+use common::sentinel::{SentinelSet, SERVICE};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use waitlock::{Error, LockOptions, Locker, PubSubLocker};
+
+/// What a fence-checking store does: accept a write only with a fence at least as high as the
+/// highest it has seen for the key.
+#[derive(Default)]
+struct FencedStore(Mutex<std::collections::HashMap<String, u64>>);
+
+impl FencedStore {
+    fn write(&self, key: &str, fence: u64) -> bool {
+        let mut m = self.0.lock().expect("store");
+        let seen = m.entry(key.to_owned()).or_insert(0);
+        let ok = fence >= *seen;
+        if ok {
+            *seen = fence;
+        }
+        ok
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_replicas_refuses_a_lock_no_replica_acknowledged() {
+    let set = SentinelSet::start(1, 1);
+    let locker = Locker::connect(&set.url())
+        .await
+        .expect("connect through sentinel")
+        .require_replicas(1, Duration::from_millis(200))
+        .build()
+        .expect("locker");
+    let admin = set.primary.client().await;
+    let g = locker
+        .acquire("replicated", &LockOptions::new())
+        .await
+        .expect("acquire with the replica up");
+    g.release().await.expect("release");
+    let mut replica = set.replicas.into_iter().next().expect("replica");
+    replica.pause();
+    let started = Instant::now();
+    let r = locker.acquire("replicated", &LockOptions::new()).await;
+    match &r {
+        Err(Error::NotReplicated {
+            required: 1,
+            acknowledged: 0,
+            ..
+        }) => {}
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let left: Option<String> =
+        common::cmd(&admin, "GET", vec![common::lock_key("replicated").into()]).await;
+    assert_eq!(left, None, "the unreplicated lock was left behind");
+    println!("{}", r.expect_err("error"));
+    replica.resume();
+    let g = locker
+        .acquire("replicated", &LockOptions::new())
+        .await
+        .expect("acquire with the replica back");
+    g.release().await.expect("release");
+}
+
+/// Workers contend through Sentinel; the primary is SIGKILLed. Every wait ends by its
+/// deadline, acquisitions resume on the promoted replica, and the fence-checking store accepts
+/// no stale write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_primary_while_workers_contend() {
+    let mut set = SentinelSet::start(1, 1);
+    let url = set.url();
+    let a = PubSubLocker::connect(&url)
+        .await
+        .expect("connect")
+        .build_pubsub()
+        .await
+        .expect("pubsub");
+    let b = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .build()
+        .expect("locker");
+    let store = Arc::new(FencedStore::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let wait = Duration::from_secs(8);
+    let after_failover = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let (a, b, store, stop, after) = (
+            a.clone(),
+            b.clone(),
+            store.clone(),
+            stop.clone(),
+            after_failover.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let key = format!("killed-primary-{}", t % 2);
+            let opts = common::tight()
+                .with_wait(wait)
+                .with_ttl(Duration::from_secs(2));
+            let (mut refused, mut late, mut errors) = (0u64, 0u64, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let r = if t % 2 == 0 {
+                    a.acquire_wait(&key, &opts).await
+                } else {
+                    b.acquire_wait(&key, &opts).await
+                };
+                if started.elapsed() > wait + Duration::from_secs(4) {
+                    late += 1;
+                }
+                match r {
+                    Ok(g) => {
+                        if !store.write(&key, g.fence()) {
+                            refused += 1;
+                        }
+                        after.lock().expect("times").push(Instant::now());
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        let _ = g.release().await;
+                    }
+                    Err(e) => {
+                        errors.push(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (refused, late, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let old = set.primary.port;
+    set.primary.kill();
+    let killed = Instant::now();
+    let new = set.wait_for_new_primary(old, Duration::from_secs(30));
+    let promoted = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (mut refused, mut late, mut errors) = (0, 0, Vec::new());
+    for t in tasks {
+        let (r, l, e) = t.await.expect("task");
+        refused += r;
+        late += l;
+        errors.extend(e);
+    }
+    let times = after_failover.lock().expect("times").clone();
+    let resumed = times.iter().filter(|t| **t > killed + promoted).count();
+    let first = times
+        .iter()
+        .filter(|t| **t > killed)
+        .map(|t| t.saturating_duration_since(killed))
+        .min();
+    assert_eq!(late, 0, "waits that ended long after their deadline");
+    assert!(
+        resumed > 20,
+        "only {resumed} acquisitions on the new primary"
+    );
+    println!(
+        "kill -9: replica on port {new} promoted {promoted:?} after the kill; first acquisition after the kill at {first:?}; {resumed} acquisitions after the promotion; {refused} stale writes refused; {} errors, e.g. {:?}",
+        errors.len(),
+        errors.first()
+    );
+}
+
+/// `SENTINEL FAILOVER` with the old primary alive: the lockers follow the sentinel's
+/// `+switch-master` at once, so no acquisition lands on the old primary after a small bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_at_once() {
+    let set = SentinelSet::start(1, 1);
+    let url = set.url();
+    let a = PubSubLocker::connect(&url)
+        .await
+        .expect("connect")
+        .build_pubsub()
+        .await
+        .expect("pubsub");
+    let b = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .build()
+        .expect("locker");
+    let old = set.primary.port;
+    let new = set.replicas[0].port;
+    let old_admin = set.primary.client().await;
+    let new_admin = set.replicas[0].client().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // (when, held on the old primary but not on the new one)
+    let seen = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
+    let mut tasks = Vec::new();
+    for t in 0..4usize {
+        let (a, b, stop, seen, old_admin, new_admin) = (
+            a.clone(),
+            b.clone(),
+            stop.clone(),
+            seen.clone(),
+            old_admin.clone(),
+            new_admin.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let key = format!("switched-{t}");
+            let opts = common::tight().with_wait(Duration::from_secs(8));
+            while !stop.load(Ordering::SeqCst) {
+                let r = if t % 2 == 0 {
+                    a.acquire_wait(&key, &opts).await
+                } else {
+                    b.acquire_wait(&key, &opts).await
+                };
+                let Ok(g) = r else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let at = Instant::now();
+                let name = common::lock_key(&key);
+                let on_old: Option<String> =
+                    common::try_cmd(&old_admin, "GET", vec![name.clone().into()]).await;
+                let on_new: Option<String> =
+                    common::try_cmd(&new_admin, "GET", vec![name.into()]).await;
+                let mine =
+                    |v: &Option<String>| v.as_deref().is_some_and(|v| v.ends_with(g.token()));
+                seen.lock()
+                    .expect("seen")
+                    .push((at, mine(&on_old) && !mine(&on_new)));
+                let _ = g.release().await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(cli(set.sentinels[0].port, &["sentinel", "failover", SERVICE]).contains("OK"));
+    let asked = Instant::now();
+    let promoted_port = set.wait_for_new_primary(old, Duration::from_secs(30));
+    assert_eq!(promoted_port, new);
+    let switched = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let seen = seen.lock().expect("seen").clone();
+    let stale_after: Vec<Duration> = seen
+        .iter()
+        .filter(|(at, stale)| *stale && *at > switched)
+        .map(|(at, _)| at.saturating_duration_since(switched))
+        .collect();
+    let last_stale = stale_after.iter().max().copied().unwrap_or_default();
+    let on_new_after = seen
+        .iter()
+        .filter(|(at, stale)| !stale && *at > switched)
+        .count();
+    println!(
+        "SENTINEL FAILOVER: new primary announced {:?} after the request; {} acquisitions on the old primary after that, the last {last_stale:?} after it; {on_new_after} on the new one",
+        switched.saturating_duration_since(asked),
+        stale_after.len()
+    );
+    assert!(
+        last_stale < Duration::from_millis(1000),
+        "acquisitions on the old primary {last_stale:?} after the switch"
+    );
+    assert!(
+        on_new_after > 20,
+        "only {on_new_after} acquisitions on the new primary"
+    );
+}
