@@ -51,6 +51,8 @@ pub(crate) struct Engine {
     pub(crate) meter: Meter,
     /// Told when a sentinel announces a new primary (the hub reconnects its subscriber).
     pub(crate) switched: tokio::sync::broadcast::Sender<()>,
+    /// When a READONLY reply last forced a reconnection (ms since the epoch).
+    pub(crate) last_forced_reconnect: std::sync::atomic::AtomicU64,
     /// Tasks that follow the sentinels (stopped when the engine goes).
     pub(crate) watchers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     scripts: Scripts,
@@ -72,6 +74,7 @@ impl Engine {
             tasks: Arc::default(),
             meter: Meter::default(),
             switched: tokio::sync::broadcast::Sender::new(4),
+            last_forced_reconnect: std::sync::atomic::AtomicU64::new(0),
             watchers: std::sync::Mutex::default(),
             scripts: Scripts::new(),
         }

@@ -218,11 +218,17 @@ impl Engine {
                 key: names.key.clone(),
                 redis_key: names.lock.clone(),
             }),
-            Ok(Err(source)) => Err(Error::Redis {
-                key: names.key.clone(),
-                op,
-                source,
-            }),
+            Ok(Err(source)) => {
+                if source.details().starts_with("READONLY") {
+                    // A demoted primary: fred does not reconnect by itself.
+                    self.primary_demoted(client);
+                }
+                Err(Error::Redis {
+                    key: names.key.clone(),
+                    op,
+                    source,
+                })
+            }
         }
     }
 

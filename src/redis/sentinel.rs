@@ -9,6 +9,7 @@ use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
 use fred::types::Builder;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -51,6 +52,37 @@ pub(crate) fn watch(engine: &Arc<Engine>) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .extend(tasks);
+}
+
+impl Engine {
+    /// A write met `READONLY`: the client talks to a primary that was demoted (a failover it
+    /// has not followed, or followed too early, before the sentinels had the new primary).
+    /// Reconnect it (fred asks the sentinels again), and the subscriber too; at most every
+    /// 100 ms.
+    pub(crate) fn primary_demoted(&self, client: &fred::clients::Client) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let last = self.last_forced_reconnect.load(Ordering::SeqCst);
+        if now.saturating_sub(last) < 100
+            || self
+                .last_forced_reconnect
+                .compare_exchange(last, now, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::info!("a write met READONLY (demoted primary); reconnecting");
+        let _ = self.switched.send(());
+        let client = client.clone();
+        handle.spawn(async move {
+            let _ = client.force_reconnection().await;
+        });
+    }
 }
 
 /// Listens on one sentinel; on `+switch-master` for `service` forces every client to
