@@ -96,6 +96,39 @@ async fn main() {
         summary(v)
     );
 
+    // What the replication check costs: acquire + release pairs against a primary with one
+    // replica, without and with `require_replicas(1, 1 s)` (one WAIT per acquisition).
+    let _replica = common::RedisServer::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &server.port.to_string(),
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let checked = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .require_replicas(1, Duration::from_secs(1))
+        .build()
+        .expect("locker");
+    // The replica must be in sync before the check can pass.
+    while checked.acquire("sync", &LockOptions::new()).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (what, l) in [("without", &locker), ("with", &checked)] {
+        let mut v = Vec::with_capacity(N);
+        for i in 0..N {
+            let t = Instant::now();
+            let g = l
+                .acquire(&format!("pair{i}"), &LockOptions::new())
+                .await
+                .expect("acquire");
+            g.release().await.expect("release");
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        println!("acquire + release, {what:<7} require_replicas(1) {}", summary(v));
+    }
+
     let sub = Builder::from_config(Config::from_url(&url).expect("url"))
         .build_subscriber_client()
         .expect("subscriber");
