@@ -126,7 +126,10 @@ async fn main() {
             g.release().await.expect("release");
             v.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        println!("acquire + release, {what:<7} require_replicas(1) {}", summary(v));
+        println!(
+            "acquire + release, {what:<7} require_replicas(1) {}",
+            summary(v)
+        );
     }
 
     let sub = Builder::from_config(Config::from_url(&url).expect("url"))
