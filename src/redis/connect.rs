@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::Builder;
@@ -180,7 +181,11 @@ pub(crate) async fn connect_client(
         Ok(Err(source)) => Err(Error::Redis {
             key: String::new(),
             op: "connect",
-            source,
+            source: explain(
+                source,
+                plain_scheme(url).is_some(),
+                ATTEMPT_TIMEOUT.min(limit),
+            ),
         }),
         Err(_) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
@@ -191,6 +196,80 @@ pub(crate) async fn connect_client(
             })
         }
     }
+}
+
+/// fred's connection error with what it most likely means put first, in words (fred and
+/// rustls only give `Debug` output such as `InvalidCertificate(UnknownIssuer)`); the original
+/// follows in parentheses. Errors it does not recognise are returned as they are.
+fn explain(e: FredError, tls: bool, attempt: Duration) -> FredError {
+    let details = e.details();
+    let hint = if tls {
+        tls_hint(&e, attempt)
+    } else if *e.kind() == ErrorKind::IO
+        && ["ConnectionReset", "UnexpectedEof", "BrokenPipe"]
+            .iter()
+            .any(|s| details.contains(s))
+    {
+        Some((
+            ErrorKind::IO,
+            "the server closed the connection at once: if it only speaks TLS on this port, use \
+             a rediss:// URL"
+                .to_owned(),
+        ))
+    } else {
+        None
+    };
+    match hint {
+        Some((kind, hint)) => FredError::new(kind, format!("{hint} ({details})")),
+        None => e,
+    }
+}
+
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_hint(_: &FredError, _: Duration) -> Option<(ErrorKind, String)> {
+    None
+}
+
+/// What a failed TLS connection means, from rustls' error names, and the error kind to give
+/// it: a refused certificate or handshake is a TLS error (not a transient I/O error).
+#[cfg(feature = "tls-rustls")]
+fn tls_hint(e: &FredError, attempt: Duration) -> Option<(ErrorKind, String)> {
+    let d = e.details();
+    let has = |s: &str| d.contains(s);
+    if *e.kind() == ErrorKind::Timeout {
+        return Some((
+            ErrorKind::Timeout,
+            format!(
+                "no TLS session within {attempt:?}: the server may not speak TLS on this port (a \
+                 plain-text port wants a redis:// URL), or it does not answer"
+            ),
+        ));
+    }
+    let hint = if has("UnknownIssuer") {
+        "the server's certificate is not signed by a CA this client trusts (give its CA with \
+         TlsOptions::with_ca_file)"
+    } else if has("NotValidForName") {
+        "the server's certificate does not name the host in the URL"
+    } else if has("Expired") || has("NotValidYet") {
+        "the server's certificate is expired or not yet valid"
+    } else if has("InvalidCertificate") {
+        "the server's certificate was refused"
+    } else if has("AlertReceived(CertificateRequired)") || has("AlertReceived(HandshakeFailure)") {
+        "the server refused the TLS handshake: it may want a client certificate (give one with \
+         TlsOptions::with_client_cert_files)"
+    } else if has("AlertReceived(UnknownCA)")
+        || has("AlertReceived(BadCertificate)")
+        || has("AlertReceived(CertificateUnknown)")
+    {
+        "the server does not trust the client certificate"
+    } else if has("InvalidMessage") || has("CorruptMessage") || has("InvalidContentType") {
+        "the server does not speak TLS on this port (a plain-text port wants a redis:// URL)"
+    } else if has("AlertReceived") {
+        "the server refused the TLS handshake"
+    } else {
+        return None;
+    };
+    Some((ErrorKind::Tls, hint.to_owned()))
 }
 
 #[cfg(test)]
