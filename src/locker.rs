@@ -211,7 +211,7 @@ impl Locker {
     }
 
     /// As [`connect`](Self::connect), with a time limit of your own and, with the `tls-rustls`
-    /// feature, TLS settings ([`ConnectOptions::with_tls`]) that the locker's client and a
+    /// feature, TLS settings (`ConnectOptions::with_tls`) that the locker's client and a
     /// [`PubSubLocker`]'s subscriber connection both use.
     ///
     /// Errors: as [`connect`](Self::connect), [`Error::Timeout`] after `opts`' time limit;
