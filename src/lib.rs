@@ -20,6 +20,9 @@ pub use locker::{
     DEFAULT_PREFIX,
 };
 pub use options::{Backoff, LockOptions};
+pub use redis::ConnectOptions;
+#[cfg(feature = "tls-rustls")]
+pub use redis::TlsOptions;
 pub use stats::{LockerStats, WaitSummary};
 pub use status::LockStatus;
 pub use wait::notify::stats::{RegistrySize, WakeStats};

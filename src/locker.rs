@@ -7,7 +7,7 @@ use crate::hold::run::{run_under, LockContext};
 use crate::keys::check_prefix;
 use crate::options::{check_token, check_ttl, LockOptions};
 use crate::redis::scripts::Call;
-use crate::redis::{connect_client, Attempt, Backend, Engine, Released};
+use crate::redis::{connect_client, Attempt, Backend, ConnectOptions, Engine, Released};
 use crate::stats::LockerStats;
 use crate::status::LockStatus;
 use crate::wait::notify::hub::Hub;
@@ -226,14 +226,49 @@ impl Locker {
     /// locker builder on it. Finish with [`LockerBuilder::build`] or
     /// [`LockerBuilder::build_pubsub`].
     ///
-    /// Errors: [`Error::Redis`] (key empty) when the URL does not parse or nothing answers;
-    /// [`Error::Timeout`] when connecting takes more than 5 s.
+    /// With the `tls-rustls` feature a `rediss://` URL connects with TLS, trusting the system's
+    /// CAs; [`connect_with`](Self::connect_with) takes a private CA and a client certificate.
+    /// Without it a `rediss://` URL is refused ([`Error::InvalidOptions`], field `url`), never
+    /// sent in plain text.
+    ///
+    /// Errors: [`Error::Redis`] (key empty) when the URL does not parse (op `parse url`) or
+    /// connecting fails (op `connect`: nothing answers, the password or the server's
+    /// certificate is refused, the server does not speak TLS); [`Error::Timeout`] (op
+    /// `connect`) when connecting takes more than 5 s. Messages never show the URL's password.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves no connection behind.
     pub async fn connect(url: &str) -> Result<LockerBuilder> {
+        Self::connect_with(url, &ConnectOptions::new()).await
+    }
+
+    /// As [`connect`](Self::connect), with a time limit of your own and, with the `tls-rustls`
+    /// feature, TLS settings (`ConnectOptions::with_tls`) that the locker's client and a
+    /// [`PubSubLocker`]'s subscriber connection both use.
+    ///
+    /// Errors: as [`connect`](Self::connect), [`Error::Timeout`] after `opts`' time limit;
+    /// [`Error::InvalidOptions`] (key empty) for a zero time limit (field `connect_timeout`),
+    /// TLS settings with a `redis://` URL (field `tls`), or a CA or client certificate file
+    /// that cannot be read or holds no usable PEM (fields `tls.ca`, `tls.client_cert`,
+    /// `tls.client_key`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves no connection behind.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # #[cfg(feature = "tls-rustls")]
+    /// # async fn example() -> waitlock::Result<()> {
+    /// use waitlock::{ConnectOptions, Locker, TlsOptions};
+    /// let opts = ConnectOptions::new().with_tls(TlsOptions::new().with_ca_file("ca.pem"));
+    /// let locker = Locker::connect_with("rediss://:secret@redis.internal:6380", &opts)
+    ///     .await?
+    ///     .build()?;
+    /// # let _ = locker; Ok(()) }
+    /// ```
+    pub async fn connect_with(url: &str, opts: &ConnectOptions) -> Result<LockerBuilder> {
         Ok(Self::builder(
-            connect_client(url, DEFAULT_COMMAND_TIMEOUT).await?,
+            connect_client(url, DEFAULT_COMMAND_TIMEOUT, opts).await?,
         ))
     }
 
@@ -525,6 +560,15 @@ impl PubSubLocker {
     /// As [`Locker::connect`].
     pub async fn connect(url: &str) -> Result<LockerBuilder> {
         Locker::connect(url).await
+    }
+
+    /// As [`Locker::connect_with`]; finish with [`LockerBuilder::build_pubsub`], whose
+    /// subscriber connection uses the same TLS settings (it is opened with the client's config).
+    ///
+    /// # Cancel safety
+    /// As [`Locker::connect_with`].
+    pub async fn connect_with(url: &str, opts: &ConnectOptions) -> Result<LockerBuilder> {
+        Locker::connect_with(url, opts).await
     }
 
     /// The polling [`Locker`] sharing this locker's connection and scripts.

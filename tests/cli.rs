@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::tls::TlsRedis;
 use common::RedisServer;
 use std::fs;
 use std::net::TcpListener;
@@ -705,5 +706,114 @@ fn bad_usage_exits_64_and_help_and_version_exit_0() {
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
         format!("waitlock {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// `waitlock` against a TLS server, with none of the caller's WAITLOCK_* or REDIS_URL.
+fn waitlock_tls(dir: &Scratch, args: &[&str]) -> Output {
+    let mut c = Command::new(BIN);
+    c.current_dir(&dir.0)
+        .env_remove("REDIS_URL")
+        .env_remove("WAITLOCK_KEY")
+        .env_remove("WAITLOCK_FENCE")
+        .env_remove("WAITLOCK_TOKEN")
+        .stdin(Stdio::null())
+        .args(args);
+    output(c)
+}
+
+#[test]
+fn run_and_status_over_tls_with_a_private_ca_and_a_client_certificate() {
+    let dir = Scratch::new("tls");
+    let server = TlsRedis::start(false);
+    let (url, ca) = (server.url(), server.certs.ca());
+    let ca = ca.to_str().expect("utf-8 path");
+
+    let out = waitlock_tls(
+        &dir,
+        &[
+            "run",
+            "--tls-ca",
+            ca,
+            "--url",
+            &url,
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo ran > marker",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(dir.path("marker").exists());
+    let out = waitlock_tls(
+        &dir,
+        &["status", "--json", "--tls-ca", ca, "--url", &url, "k"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["held"], false);
+    assert!(status["fence"].is_u64(), "the run took the lock: {status}");
+
+    // No --tls-ca: the system's CAs do not know the private one.
+    let started = Instant::now();
+    let out = waitlock_tls(&dir, &["status", "--url", &url, "k"]);
+    let stderr = stderr_of(&out);
+    eprintln!(
+        "untrusted server: exit {:?} after {:?}: {stderr}",
+        out.status.code(),
+        started.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("give its CA with --tls-ca FILE"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // An unreadable CA file is bad usage, and says which file.
+    let out = waitlock_tls(
+        &dir,
+        &["status", "--tls-ca", "nope.pem", "--url", &url, "k"],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("nope.pem"), "{}", stderr_of(&out));
+
+    // Mutual TLS: `run`'s subscriber connection presents the certificate too.
+    let mtls = TlsRedis::start(true);
+    let certs = &mtls.certs;
+    let (ca, cert, key) = (certs.ca(), certs.client_cert(), certs.client_key());
+    let (ca, cert, key) = (
+        ca.to_str().expect("utf-8"),
+        cert.to_str().expect("utf-8"),
+        key.to_str().expect("utf-8"),
+    );
+    let url = mtls.url();
+    let tls = [
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "--url",
+        &url,
+    ];
+    let out = waitlock_tls(
+        &dir,
+        &[
+            &["run"][..],
+            &tls,
+            &["m", "--", "sh", "-c", "echo ran > mtls-marker"],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(dir.path("mtls-marker").exists());
+    let out = waitlock_tls(&dir, &["status", "--tls-ca", ca, "--url", &url, "m"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("--tls-cert FILE --tls-key FILE"),
+        "{}",
+        stderr_of(&out)
     );
 }

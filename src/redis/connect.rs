@@ -2,37 +2,312 @@
 
 use crate::error::{Error, Result};
 use fred::clients::Client;
+use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::Builder;
 use std::time::Duration;
 
-/// A client for `url` with a reconnect policy and a command timeout.
-pub(crate) async fn connect_client(url: &str, command_timeout: Duration) -> Result<Client> {
-    let redis = |op, source| Error::Redis {
-        key: String::new(),
-        op,
-        source,
+/// The default time limit of [`Locker::connect`](crate::Locker::connect).
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most one connection attempt (TCP, then the TLS handshake) may take, also on reconnects.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How [`Locker::connect_with`](crate::Locker::connect_with) connects: its time limit and, with
+/// the `tls-rustls` feature, the TLS settings of a `rediss://` URL.
+///
+/// # Examples
+/// ```no_run
+/// # async fn example() -> waitlock::Result<()> {
+/// use std::time::Duration;
+/// let opts = waitlock::ConnectOptions::new().with_timeout(Duration::from_secs(2));
+/// let locker = waitlock::Locker::connect_with("redis://127.0.0.1:6379", &opts).await?.build()?;
+/// # let _ = locker; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ConnectOptions {
+    timeout: Duration,
+    #[cfg(feature = "tls-rustls")]
+    tls: Option<crate::TlsOptions>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: DEFAULT_CONNECT_TIMEOUT,
+            #[cfg(feature = "tls-rustls")]
+            tls: None,
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// The defaults: a 5 s time limit; for `rediss://`, the system's CAs and no client
+    /// certificate.
+    pub fn new() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    /// How long connecting may take, TLS handshake and authentication included; a connection
+    /// that is not up by then fails with [`Error::Timeout`] (op `connect`). Each attempt's TCP
+    /// connect and TLS handshake are also cut at 2 s (or this limit, when shorter). Must be
+    /// non-zero. Defaults to 5 s.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The TLS settings of a `rediss://` URL: the CAs to trust and a client certificate. The
+    /// locker's client and a [`PubSubLocker`](crate::PubSubLocker)'s subscriber connection
+    /// both use them. Giving them with a `redis://` URL is an error. Defaults to the system's
+    /// CAs and no client certificate. Only with the `tls-rustls` feature.
+    #[cfg(feature = "tls-rustls")]
+    pub fn with_tls(mut self, tls: crate::TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// `url` with any `user:password@` replaced by `***@`, safe to print.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<not a URL>".into();
     };
-    let config = Config::from_url(url).map_err(|e| redis("parse url", e))?;
+    // The last '@' before the path ends the user info; a password may hold any other
+    // character unencoded.
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let cut = rest[..authority_end].rfind('@').or_else(|| rest.rfind('@'));
+    match cut {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// The scheme of `url` without its TLS `s` (`rediss-cluster` gives `redis-cluster`), or `None`
+/// when the URL does not ask for TLS. fred's own test: the scheme starts with `rediss` or
+/// `valkeys`.
+fn plain_scheme(url: &str) -> Option<String> {
+    let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+    for tls in ["rediss", "valkeys"] {
+        if let Some(rest) = scheme.strip_prefix(tls) {
+            return Some(format!("{}{rest}", &tls[..tls.len() - 1]));
+        }
+    }
+    None
+}
+
+fn invalid(field: &'static str, value: String, reason: &'static str) -> Error {
+    Error::InvalidOptions {
+        key: String::new(),
+        field,
+        value,
+        reason,
+    }
+}
+
+/// The client config for `url`. fred's own parsing of a `rediss://` URL is bypassed: without a
+/// TLS feature it would connect in plain text (with only a log warning), and with one it
+/// builds a default connector that cannot trust a private CA.
+fn config_for(url: &str, opts: &ConnectOptions) -> Result<Config> {
+    let parse = |u: &str| {
+        Config::from_url(u).map_err(|source| Error::Redis {
+            key: String::new(),
+            op: "parse url",
+            source,
+        })
+    };
+    match plain_scheme(url) {
+        None => {
+            #[cfg(feature = "tls-rustls")]
+            if opts.tls.is_some() {
+                return Err(invalid(
+                    "tls",
+                    redact(url),
+                    "TLS settings were given for a URL without TLS: use rediss://",
+                ));
+            }
+            parse(url)
+        }
+        #[cfg(not(feature = "tls-rustls"))]
+        Some(_) => {
+            let _ = opts;
+            Err(invalid(
+                "url",
+                redact(url),
+                "rediss:// needs TLS: build waitlock with the tls-rustls feature",
+            ))
+        }
+        #[cfg(feature = "tls-rustls")]
+        Some(plain) => {
+            let tls = opts.tls.clone().unwrap_or_default().fred_config()?;
+            let rest = url.split_once("://").map_or("", |(_, r)| r);
+            let mut config = parse(&format!("{plain}://{rest}"))?;
+            config.tls = Some(tls);
+            Ok(config)
+        }
+    }
+}
+
+/// A client for `url` with a reconnect policy and a command timeout.
+pub(crate) async fn connect_client(
+    url: &str,
+    command_timeout: Duration,
+    opts: &ConnectOptions,
+) -> Result<Client> {
+    let limit = opts.timeout;
+    if limit.is_zero() {
+        return Err(invalid(
+            "connect_timeout",
+            format!("{limit:?}"),
+            "must be non-zero",
+        ));
+    }
+    let config = config_for(url, opts)?;
     let client = Builder::from_config(config)
         .with_performance_config(|p| p.default_command_timeout = command_timeout)
-        .with_connection_config(|c| c.connection_timeout = Duration::from_secs(2))
+        .with_connection_config(|c| c.connection_timeout = ATTEMPT_TIMEOUT.min(limit))
         .set_policy(ReconnectPolicy::new_exponential(0, 10, 1000, 2))
         .build()
-        .map_err(|e| redis("connect", e))?;
+        .map_err(|source| Error::Redis {
+            key: String::new(),
+            op: "connect",
+            source,
+        })?;
     // `init` resolves on the first connection attempt's outcome; if it fails the router task
     // is stopped, so nothing is left behind.
-    match tokio::time::timeout(Duration::from_secs(5), client.init()).await {
+    match tokio::time::timeout(limit, client.init()).await {
         Ok(Ok(_)) => Ok(client),
-        Ok(Err(e)) => Err(redis("connect", e)),
+        Ok(Err(source)) => Err(Error::Redis {
+            key: String::new(),
+            op: "connect",
+            source: explain(
+                source,
+                plain_scheme(url).is_some(),
+                ATTEMPT_TIMEOUT.min(limit),
+            ),
+        }),
         Err(_) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
             Err(Error::Timeout {
                 key: String::new(),
                 op: "connect",
-                after: Duration::from_secs(5),
+                after: limit,
             })
         }
+    }
+}
+
+/// fred's connection error with what it most likely means put first, in words (fred and
+/// rustls only give `Debug` output such as `InvalidCertificate(UnknownIssuer)`); the original
+/// follows in parentheses. Errors it does not recognise are returned as they are.
+fn explain(e: FredError, tls: bool, attempt: Duration) -> FredError {
+    let details = e.details();
+    let hint = if tls {
+        tls_hint(&e, attempt)
+    } else if *e.kind() == ErrorKind::IO
+        && ["ConnectionReset", "UnexpectedEof", "BrokenPipe"]
+            .iter()
+            .any(|s| details.contains(s))
+    {
+        Some((
+            ErrorKind::IO,
+            "the server closed the connection at once: if it only speaks TLS on this port, use \
+             a rediss:// URL"
+                .to_owned(),
+        ))
+    } else {
+        None
+    };
+    match hint {
+        Some((kind, hint)) => FredError::new(kind, format!("{hint} ({details})")),
+        None => e,
+    }
+}
+
+#[cfg(not(feature = "tls-rustls"))]
+fn tls_hint(_: &FredError, _: Duration) -> Option<(ErrorKind, String)> {
+    None
+}
+
+/// What a failed TLS connection means, from rustls' error names, and the error kind to give
+/// it: a refused certificate or handshake is a TLS error (not a transient I/O error).
+#[cfg(feature = "tls-rustls")]
+fn tls_hint(e: &FredError, attempt: Duration) -> Option<(ErrorKind, String)> {
+    let d = e.details();
+    let has = |s: &str| d.contains(s);
+    if *e.kind() == ErrorKind::Timeout {
+        return Some((
+            ErrorKind::Timeout,
+            format!(
+                "no TLS session within {attempt:?}: the server may not speak TLS on this port (a \
+                 plain-text port wants a redis:// URL), or it does not answer"
+            ),
+        ));
+    }
+    let hint = if has("UnknownIssuer") {
+        "the server's certificate is not signed by a CA this client trusts (give its CA with \
+         TlsOptions::with_ca_file)"
+    } else if has("NotValidForName") {
+        "the server's certificate does not name the host in the URL"
+    } else if has("Expired") || has("NotValidYet") {
+        "the server's certificate is expired or not yet valid"
+    } else if has("InvalidCertificate") {
+        "the server's certificate was refused"
+    } else if has("AlertReceived(CertificateRequired)") || has("AlertReceived(HandshakeFailure)") {
+        "the server refused the TLS handshake: it may want a client certificate (give one with \
+         TlsOptions::with_client_cert_files)"
+    } else if has("AlertReceived(UnknownCA)")
+        || has("AlertReceived(BadCertificate)")
+        || has("AlertReceived(CertificateUnknown)")
+    {
+        "the server does not trust the client certificate"
+    } else if has("InvalidMessage") || has("CorruptMessage") || has("InvalidContentType") {
+        "the server does not speak TLS on this port (a plain-text port wants a redis:// URL)"
+    } else if has("AlertReceived") {
+        "the server refused the TLS handshake"
+    } else {
+        return None;
+    };
+    Some((ErrorKind::Tls, hint.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_print() {
+        assert_eq!(
+            redact("rediss://user:s3cr/et@db.example:6380/2"),
+            "rediss://***@db.example:6380/2"
+        );
+        assert_eq!(redact("redis://:p@w@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("secret"), "<not a URL>");
+    }
+
+    #[test]
+    fn tls_schemes_lose_their_s() {
+        assert_eq!(plain_scheme("rediss://h").as_deref(), Some("redis"));
+        assert_eq!(plain_scheme("REDISS://h").as_deref(), Some("redis"));
+        assert_eq!(
+            plain_scheme("rediss-cluster://h").as_deref(),
+            Some("redis-cluster")
+        );
+        assert_eq!(plain_scheme("valkeys://h").as_deref(), Some("valkey"));
+        assert_eq!(plain_scheme("redis://h"), None);
+        assert_eq!(plain_scheme("redis-sentinel://h"), None);
+    }
+
+    #[cfg(not(feature = "tls-rustls"))]
+    #[test]
+    fn rediss_without_tls_is_refused_not_sent_in_plain_text() {
+        let e = config_for("rediss://:pw@127.0.0.1:1", &ConnectOptions::new()).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidOptions { field: "url", .. }),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("pw"), "{e}");
     }
 }

@@ -5,10 +5,15 @@ mod background;
 mod connect;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
+#[cfg(feature = "tls-rustls")]
+mod tls;
 
 pub(crate) use background::{QueueResidue, ResidueGuard};
 pub(crate) use connect::connect_client;
+pub use connect::ConnectOptions;
 pub(crate) use scripts::{Attempt, Left, Released};
+#[cfg(feature = "tls-rustls")]
+pub use tls::TlsOptions;
 
 use crate::error::Result;
 use crate::keys::Names;

@@ -12,8 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use waitlock::fred;
 
+pub mod tls;
+
 /// The binary to run: `$WAITLOCK_REDIS_SERVER` or `redis-server` on the PATH.
-fn binary() -> String {
+pub(crate) fn binary() -> String {
     std::env::var("WAITLOCK_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
@@ -37,7 +39,7 @@ pub const WITHOUT_SHARDED_PUBSUB: [&str; 4] = [
     "SPUBLISH",
 ];
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
 }

@@ -2,15 +2,19 @@
 
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
+use waitlock::{ConnectOptions, TlsOptions};
 
 /// Printed after `--help`: what a script or cron job needs to know.
 const AFTER_LONG_HELP: &str = "\
 Exit codes of `run`:
   the command's own   when it ran (128 + n when it was killed by signal n)
   1                   the lock was held (--nonblock) or the wait ran out (see --conflict-exit-code)
-  64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL
-  69                  Redis could not be reached, refused the password, or stopped answering
+  64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL,
+                      a --tls-* file that cannot be read or holds no usable PEM
+  69                  Redis could not be reached, refused the password or the TLS handshake
+                      (e.g. a certificate from an untrusted CA), or stopped answering
   70                  any other failure (e.g. the lock's Redis key holds foreign data)
   75                  the lock was lost while the command ran (the command was terminated),
                       or was no longer held when the command exited
@@ -27,6 +31,7 @@ Environment:
 
 Examples:
   waitlock run nightly-report -- ./report.sh --full
+  waitlock run --tls-ca ca.pem --url rediss://redis.internal:6380 report -- ./report.sh
   waitlock -q run --nonblock backup -- /usr/local/bin/backup   # cron: skip if still running
   waitlock status nightly-report --json";
 
@@ -104,6 +109,38 @@ pub struct Conn {
     /// The prefix of the lock's Redis names; every locker of a key must use the same one.
     #[arg(long, default_value = waitlock::DEFAULT_PREFIX, value_name = "P")]
     pub prefix: String,
+
+    /// With a rediss:// URL: trust only the CA certificates in this PEM file (e.g. a private
+    /// CA) instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// With a rediss:// URL: present this client certificate (PEM, with any intermediates),
+    /// for servers with `tls-auth-clients yes`. Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl Conn {
+    /// How to connect: the TLS settings given on the command line, if any (a rediss:// URL
+    /// without them trusts the system's CAs).
+    pub fn options(&self) -> ConnectOptions {
+        let mut tls = None;
+        if let Some(ca) = &self.tls_ca {
+            tls = Some(TlsOptions::new().with_ca_file(ca));
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = Some(tls.unwrap_or_default().with_client_cert_files(cert, key));
+        }
+        match tls {
+            Some(tls) => ConnectOptions::new().with_tls(tls),
+            None => ConnectOptions::new(),
+        }
+    }
 }
 
 /// `waitlock run`.
@@ -218,6 +255,32 @@ mod tests {
         };
         assert!(run.nonblock);
         assert_eq!(run.command, ["ls", "-l", "--all"]);
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key() {
+        let cert_only = ["waitlock", "status", "--tls-cert", "c.pem", "k"];
+        assert!(Cli::try_parse_from(cert_only).is_err());
+        let both = [
+            "waitlock",
+            "status",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "c.key",
+            "k",
+        ];
+        let cli = Cli::try_parse_from(both).expect("parse");
+        let Command::Status(status) = cli.command else {
+            panic!("not status")
+        };
+        let shown = format!("{:?}", status.conn.options());
+        assert!(
+            shown.contains("ca.pem") && shown.contains("c.pem"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -60,7 +60,7 @@ fn init_tracing() {
 /// A polling locker: status and release send one command each and never wait.
 async fn locker(conn: &Conn) -> Result<Locker, Error> {
     tracing::debug!(url = %report::redact(&conn.url), "connecting");
-    Locker::connect(&conn.url)
+    Locker::connect_with(&conn.url, &conn.options())
         .await?
         .prefix(conn.prefix.as_str())
         .build()

@@ -86,7 +86,15 @@ pub fn describe(e: &Error, url: &str) -> String {
             format!("bad Redis URL {at:?}: {source}")
         }
         Error::Redis { op, source, .. } if op.starts_with("connect") => {
-            format!("cannot connect to Redis at {at}: {source}")
+            // The library's TLS hints name its API; say the options of this command instead.
+            let why = source
+                .to_string()
+                .replace("TlsOptions::with_ca_file", "--tls-ca FILE")
+                .replace(
+                    "TlsOptions::with_client_cert_files",
+                    "--tls-cert FILE --tls-key FILE",
+                );
+            format!("cannot connect to Redis at {at}: {why}")
         }
         Error::Timeout { op, after, .. } if op.starts_with("connect") => {
             format!(

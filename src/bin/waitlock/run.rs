@@ -112,7 +112,7 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
     };
     tracing::debug!(url = %report::redact(url), "connecting");
     let locker = async {
-        PubSubLocker::connect(url)
+        PubSubLocker::connect_with(url, &args.conn.options())
             .await?
             .prefix(args.conn.prefix.as_str())
             .build_pubsub()
