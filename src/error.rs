@@ -141,7 +141,8 @@ pub enum Error {
     /// Redis did not answer a call in time.
     ///
     /// `after` is the locker's command timeout, or less for a refresh (cut to the lock's
-    /// validity deadline) and for connecting (5 s). A waiting acquire whose last attempt is cut
+    /// validity deadline) and for connecting (`ConnectOptions`' time limit, 5 s by default). A
+    /// waiting acquire whose last attempt is cut
     /// short by its own wait deadline returns [`Error::WaitTimeout`] instead.
     #[error("lock {key:?}: {op} got no answer from Redis within {after:?}")]
     Timeout {

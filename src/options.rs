@@ -54,7 +54,9 @@ impl Default for Backoff {
 ///     .with_wait(Duration::from_secs(2));
 /// assert_eq!(opts.ttl(), Duration::from_secs(10));
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+/// Its `Debug` shows a fixed token as `<N bytes>`: tokens are secrets (anyone who has one can
+/// release the lock).
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct LockOptions {
     ttl: Duration,
@@ -62,6 +64,21 @@ pub struct LockOptions {
     refresh_ratio: f64,
     token: Option<String>,
     backoff: Backoff,
+}
+
+impl std::fmt::Debug for LockOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockOptions")
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("refresh_ratio", &self.refresh_ratio)
+            .field(
+                "token",
+                &self.token.as_ref().map(|t| format!("<{} bytes>", t.len())),
+            )
+            .field("backoff", &self.backoff)
+            .finish()
+    }
 }
 
 impl Default for LockOptions {
