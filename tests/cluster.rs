@@ -234,30 +234,12 @@ async fn waiters_follow_a_slot_that_moves() {
     assert_eq!(holder.status(key).await.expect("status").queued, 0);
 }
 
-/// What a fence-checking store does: accept a write only with a fence at least as high as the
-/// highest it has seen for the key.
-#[derive(Default)]
-struct FencedStore(std::sync::Mutex<std::collections::HashMap<String, u64>>);
-
-impl FencedStore {
-    fn write(&self, key: &str, fence: u64) -> bool {
-        let mut m = self.0.lock().expect("store");
-        let seen = m.entry(key.to_owned()).or_insert(0);
-        if fence >= *seen {
-            *seen = fence;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
     let mut cluster = RedisCluster::start(3, 1);
     let url = cluster.url();
     let lockers = (pubsub(&url).await, pubsub(&url).await, polling(&url).await);
-    let store = Arc::new(FencedStore::default());
+    let store = Arc::new(common::FencedStore::default());
     let stop = Arc::new(AtomicBool::new(false));
     let wait = Duration::from_secs(8);
     let mut tasks = Vec::new();

@@ -12,23 +12,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
-/// What a fence-checking store does: accept a write only with a fence at least as high as the
-/// highest it has seen for the key.
-#[derive(Default)]
-struct FencedStore(Mutex<std::collections::HashMap<String, u64>>);
-
-impl FencedStore {
-    fn write(&self, key: &str, fence: u64) -> bool {
-        let mut m = self.0.lock().expect("store");
-        let seen = m.entry(key.to_owned()).or_insert(0);
-        let ok = fence >= *seen;
-        if ok {
-            *seen = fence;
-        }
-        ok
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_replicas_refuses_a_lock_no_replica_acknowledged() {
     let set = SentinelSet::start(1, 1);
@@ -87,7 +70,7 @@ async fn kill_9_of_the_primary_while_workers_contend() {
         .expect("connect")
         .build()
         .expect("locker");
-    let store = Arc::new(FencedStore::default());
+    let store = Arc::new(common::FencedStore::default());
     let stop = Arc::new(AtomicBool::new(false));
     let wait = Duration::from_secs(8);
     let after_failover = Arc::new(Mutex::new(Vec::<Instant>::new()));

@@ -392,3 +392,21 @@ pub async fn hold_keys(
     }
     held
 }
+
+/// What a fence-checking store does: accept a write only with a fence at least as high as the
+/// highest it has seen for the key (in memory, for tests that check fences in-process).
+#[derive(Default)]
+pub struct FencedStore(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl FencedStore {
+    /// Whether a write of `key` with `fence` is accepted.
+    pub fn write(&self, key: &str, fence: u64) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = m.entry(key.to_owned()).or_insert(0);
+        let ok = fence >= *seen;
+        if ok {
+            *seen = fence;
+        }
+        ok
+    }
+}
