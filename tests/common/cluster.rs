@@ -55,6 +55,19 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes };
         cluster.wait_ok();
+        // Replicas in sync with their primaries (a manual failover waits for that, and gives up
+        // silently after 5 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &cluster.nodes {
+            loop {
+                let info = cli(n.port, &["info", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica {} never synced", n.port);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         cluster
     }
 
