@@ -28,6 +28,8 @@ pub struct RedisServer {
     paused: bool,
     /// Extra `redis-server` arguments (kept for restarts).
     extra: Vec<String>,
+    /// Listens with TLS only (`--port 0 --tls-port P`, the TLS settings in `extra`).
+    tls_only: bool,
 }
 
 /// Server arguments that take sharded pub/sub away (renamed to names no client knows), as on a
@@ -63,6 +65,15 @@ impl RedisServer {
 
     /// A server started with extra arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_configured(extra, false)
+    }
+
+    /// A server that speaks TLS only; `extra` must hold its TLS settings (see `tls.rs`).
+    pub fn start_tls_only(extra: &[&str]) -> RedisServer {
+        Self::start_configured(extra, true)
+    }
+
+    fn start_configured(extra: &[&str], tls_only: bool) -> RedisServer {
         let dir = std::env::temp_dir().join(format!(
             "waitlock-test-{}-{}",
             std::process::id(),
@@ -76,6 +87,7 @@ impl RedisServer {
                 dir: dir.clone(),
                 paused: false,
                 extra: extra.iter().map(|a| a.to_string()).collect(),
+                tls_only,
             };
             if s.spawn() {
                 return s;
@@ -87,20 +99,20 @@ impl RedisServer {
         );
     }
 
-    /// Starts the process on `self.port`; true once it answers PING.
+    /// Starts the process on `self.port`; true once it answers PING (a TLS-only server, which
+    /// answers no plain-text PING: once its log says it accepts connections).
     fn spawn(&mut self) -> bool {
         let log = self.dir.join(format!("redis-{}.log", self.port));
+        let port = self.port.to_string();
+        // (`--tls-port` only where needed: a redis-server built without TLS does not know it.)
+        let ports: Vec<&str> = if self.tls_only {
+            vec!["--port", "0", "--tls-port", &port]
+        } else {
+            vec!["--port", &port]
+        };
         let child = Command::new(binary())
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(ports)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra)
             .arg("--dir")
             .arg(&self.dir)
@@ -129,7 +141,12 @@ impl RedisServer {
                     return false; // exited: port taken, most likely
                 }
             }
-            if self.ping() {
+            let ready = if self.tls_only {
+                self.log().contains("Ready to accept connections")
+            } else {
+                self.ping()
+            };
+            if ready {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -5,8 +5,7 @@
 //! accept connections" log line while the process is alive.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 /// A private CA, a server certificate for 127.0.0.1 and localhost signed by it, a client
 /// certificate signed by it, and an unrelated CA: all in a temp dir, removed on drop.
@@ -174,13 +173,12 @@ impl Drop for Certs {
     }
 }
 
-/// A private TLS-only `redis-server` (no persistence), killed by its pid on drop; its log is
-/// printed when the test fails.
+/// A private TLS-only `redis-server` (a [`RedisServer`](super::RedisServer): no persistence,
+/// killed by its pid on drop, its log printed when the test fails) with fresh certificates.
 pub struct TlsRedis {
-    child: Option<Child>,
+    server: super::RedisServer,
     pub port: u16,
     pub certs: Certs,
-    dir: PathBuf,
 }
 
 impl TlsRedis {
@@ -193,55 +191,25 @@ impl TlsRedis {
     /// As [`start`](Self::start), with extra `redis-server` arguments.
     pub fn start_with(auth_clients: bool, extra: &[&str]) -> TlsRedis {
         let certs = Certs::generate();
-        let dir = certs.path("redis");
-        std::fs::create_dir_all(&dir).expect("create redis dir");
-        for _ in 0..5 {
-            let port = super::free_port();
-            let log = dir.join(format!("redis-{port}.log"));
-            let child = Command::new(super::binary())
-                .args(["--port", "0", "--tls-port", &port.to_string()])
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--tls-cert-file")
-                .arg(certs.path("server.pem"))
-                .arg("--tls-key-file")
-                .arg(certs.path("server.key"))
-                .arg("--tls-ca-cert-file")
-                .arg(certs.ca())
-                .args([
-                    "--tls-auth-clients",
-                    if auth_clients { "yes" } else { "no" },
-                ])
-                .args(extra)
-                .arg("--dir")
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(&log)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            let mut child = match child {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                    "`{}` was not found. These tests run a private Redis: install it with \
-                     `sudo apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` \
-                     (macOS), or set WAITLOCK_REDIS_SERVER to the binary's path.",
-                    super::binary()
-                ),
-                Err(e) => panic!("could not start `{}`: {e}", super::binary()),
-            };
-            if await_ready(&mut child, &log) {
-                return TlsRedis {
-                    child: Some(child),
-                    port,
-                    certs,
-                    dir,
-                };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        let path = |name: &str| certs.path(name).to_string_lossy().into_owned();
+        let (cert, key, ca) = (path("server.pem"), path("server.key"), path("ca.pem"));
+        let mut args = vec![
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            if auth_clients { "yes" } else { "no" },
+        ];
+        args.extend_from_slice(extra);
+        let server = super::RedisServer::start_tls_only(&args);
+        TlsRedis {
+            port: server.port,
+            server,
+            certs,
         }
-        panic!("a TLS redis-server did not start on a free port after 5 tries");
     }
 
     /// `rediss://127.0.0.1:P`.
@@ -251,50 +219,6 @@ impl TlsRedis {
 
     /// The same server behind a plain-text `redis://` URL (which it does not answer).
     pub fn plain_url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// SIGKILL by pid, and reap.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join(format!("redis-{}.log", self.port)))
-            .unwrap_or_default()
-    }
-}
-
-/// True once the log says the server accepts connections, false if the process exited (port
-/// taken, or a TLS setting it refused: its log is printed) or 10 s passed.
-fn await_ready(child: &mut Child, log: &Path) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Ok(Some(_)) = child.try_wait() {
-            eprintln!("TLS redis-server exited at start:\n{text}");
-            return false;
-        }
-        if text.contains("Ready to accept connections") {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- TLS redis-server log (port {}) ---\n{}",
-                self.port,
-                self.log()
-            );
-        }
-        self.kill();
+        self.server.url()
     }
 }
