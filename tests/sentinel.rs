@@ -12,6 +12,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
+/// A pub/sub locker and a polling locker, each with its own connection through the sentinels.
+async fn lockers(url: &str) -> (PubSubLocker, Locker) {
+    let a = PubSubLocker::connect(url)
+        .await
+        .expect("connect")
+        .build_pubsub()
+        .await
+        .expect("pubsub");
+    let b = Locker::connect(url)
+        .await
+        .expect("connect")
+        .build()
+        .expect("locker");
+    (a, b)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_replicas_refuses_a_lock_no_replica_acknowledged() {
     let set = SentinelSet::start(1, 1);
@@ -64,17 +80,7 @@ async fn require_replicas_refuses_a_lock_no_replica_acknowledged() {
 async fn kill_9_of_the_primary_while_workers_contend() {
     let mut set = SentinelSet::start(1, 1);
     let url = set.url();
-    let a = PubSubLocker::connect(&url)
-        .await
-        .expect("connect")
-        .build_pubsub()
-        .await
-        .expect("pubsub");
-    let b = Locker::connect(&url)
-        .await
-        .expect("connect")
-        .build()
-        .expect("locker");
+    let (a, b) = lockers(&url).await;
     let store = Arc::new(common::FencedStore::default());
     let stop = Arc::new(AtomicBool::new(false));
     let wait = Duration::from_secs(8);
@@ -162,17 +168,7 @@ async fn kill_9_of_the_primary_while_workers_contend() {
 async fn a_sentinel_failover_is_followed_at_once() {
     let set = SentinelSet::start(1, 1);
     let url = set.url();
-    let a = PubSubLocker::connect(&url)
-        .await
-        .expect("connect")
-        .build_pubsub()
-        .await
-        .expect("pubsub");
-    let b = Locker::connect(&url)
-        .await
-        .expect("connect")
-        .build()
-        .expect("locker");
+    let (a, b) = lockers(&url).await;
     let old = set.primary.port;
     let new = set.replicas[0].port;
     let old_admin = set.primary.client().await;

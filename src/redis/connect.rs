@@ -97,7 +97,8 @@ fn plain_scheme(url: &str) -> Option<String> {
     None
 }
 
-fn invalid(field: &'static str, value: String, reason: &'static str) -> Error {
+/// An `InvalidOptions` error about connecting (no key).
+pub(super) fn invalid(field: &'static str, value: String, reason: &'static str) -> Error {
     Error::InvalidOptions {
         key: String::new(),
         field,

@@ -129,15 +129,10 @@ async fn follow(engine: Weak<Engine>, subscriber: SubscriberClient, service: Str
         };
         tracing::info!(switch = %text, "Sentinel switched the primary; reconnecting");
         let _ = engine.switched.send(());
-        let client = engine.backend.next_client().clone();
-        match &engine.backend {
-            super::Backend::Pool(pool) => {
-                let _ = pool.force_reconnection().await;
-            }
-            super::Backend::Client(_) => {
-                let _ = client.force_reconnection().await;
-            }
-        }
+        let _ = match &engine.backend {
+            super::Backend::Pool(pool) => pool.force_reconnection().await,
+            super::Backend::Client(client) => client.force_reconnection().await,
+        };
     }
     let _ = subscriber.quit().await;
 }

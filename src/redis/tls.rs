@@ -2,6 +2,7 @@
 //! client certificate to present, turned into fred's `TlsConfig` (rustls with the ring
 //! provider). Only with the `tls-rustls` feature.
 
+use super::connect::invalid;
 use crate::error::{Error, Result};
 use fred::types::config::{TlsConfig, TlsConnector, TlsHostMapping};
 use rustls::pki_types::pem::{self, PemObject};
@@ -235,15 +236,6 @@ fn certificates(pem: &Pem, field: &'static str) -> Result<Vec<CertificateDer<'st
         return Err(invalid(field, pem.shown(), "holds no PEM certificate"));
     }
     Ok(certs)
-}
-
-fn invalid(field: &'static str, value: String, reason: &'static str) -> Error {
-    Error::InvalidOptions {
-        key: String::new(),
-        field,
-        value,
-        reason,
-    }
 }
 
 #[cfg(test)]
