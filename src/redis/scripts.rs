@@ -47,11 +47,13 @@ pub(crate) enum Attempt {
         remaining: Option<Duration>,
     },
     /// Another token holds it; `queued` when our member is in the queue now; `deaf` when it is
-    /// but Redis has no subscription on our grant channel (it dropped it: a slot moved).
+    /// but Redis has no subscription on our grant channel (it dropped it: a slot moved);
+    /// `fence`: the latest fence when the attempt ran (0 when not queued).
     Locked {
         remaining: Option<Duration>,
         queued: bool,
         deaf: bool,
+        fence: u64,
     },
 }
 
@@ -255,6 +257,7 @@ impl Engine {
                 remaining: remaining(*pttl),
                 queued: *queued == 1,
                 deaf: *queued == 1 && rest.first() == Some(&0),
+                fence: rest.get(1).copied().unwrap_or(0).max(0) as u64,
             },
             other => return Err(unexpected(c.names, "acquire", other)),
         })

@@ -75,6 +75,8 @@ pub(crate) enum Step {
         queued: bool,
         /// Queued, but Redis has no subscription for our grants (see `Attempt::Locked`).
         deaf: bool,
+        /// The latest fence when the attempt ran: only a grant with a higher one is new.
+        fence: u64,
         sent_at: Instant,
     },
     /// A connection error or timeout; worth retrying until the deadline.
@@ -189,12 +191,14 @@ impl Waiting {
                 remaining,
                 queued,
                 deaf,
+                fence,
             }) => {
                 self.last_error = None;
                 Ok(Step::Held {
                     remaining,
                     queued,
                     deaf,
+                    fence,
                     sent_at,
                 })
             }

@@ -1,9 +1,11 @@
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply: {0, ttl, fence} acquired; {1, pttl, fence} this token holds it already (a grant it had
 -- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, 0} another token holds
--- it (pttl -1: no expiry); {2, pttl, 1, listening} the same, and MEMBER is queued; listening 0
--- says nobody listens on its process's grant channel (Redis dropped the subscription, e.g.
--- when a Cluster slot moved): grants cannot reach it until it subscribes again.
+-- it (pttl -1: no expiry); {2, pttl, 1, listening, fence} the same, and MEMBER is queued;
+-- listening 0 says nobody listens on its process's grant channel (Redis dropped the
+-- subscription, e.g. when a Cluster slot moved): grants cannot reach it until it subscribes
+-- again; fence is the latest fence now: a grant message with a fence not above it was
+-- published before this call (a grant that lapsed) and must not be used.
 local lock, fkey = KEYS[1], KEYS[2]
 local cur = redis.call('SET', lock, 'p' .. TOKEN, 'NX', 'PX', TTL, 'GET')
 if not cur then
@@ -22,7 +24,8 @@ if not cur then
     return {0, tonumber(TTL), f}
   end
   if MEMBER == '' then return {2, px, 0} end
-  return {2, px, 1, L.enqueue()}
+  local listening = L.enqueue()
+  return {2, px, 1, listening, (fence_parse(redis.call('GET', fkey)))}
 end
 local state, holder = string.sub(cur, 1, 1), string.sub(cur, 2)
 if holder == TOKEN then
@@ -32,4 +35,5 @@ end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then return {2, pttl, 0} end
 if state == 'p' then redis.call('SETRANGE', lock, 0, 'q') end
-return {2, pttl, 1, slow().enqueue()}
+local listening = slow().enqueue()
+return {2, pttl, 1, listening, (fence_parse(redis.call('GET', fkey)))}

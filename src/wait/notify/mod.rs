@@ -160,8 +160,10 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         armed: false,
     };
     let slot = &registration.slot;
-    // The send time of the last attempt that left us queued: Redis ran it before any grant.
+    // The send time of the last attempt that left us queued, and the latest fence when it ran:
+    // Redis ran it before any grant with a higher fence.
     let mut queued_at: Option<Instant> = None;
+    let mut queued_fence = 0u64;
     loop {
         let now = Instant::now();
         // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
@@ -192,9 +194,13 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                         remaining,
                         queued,
                         deaf,
+                        fence,
                         sent_at,
                     } => {
                         queued_at = queued.then_some(sent_at);
+                        if queued {
+                            queued_fence = fence;
+                        }
                         if deaf && listening {
                             // Redis dropped our subscription without telling fred (a Cluster
                             // slot moved): subscribe again, then check.
@@ -223,7 +229,13 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             _ = cell.wake.notified() => Some(cell.reason()),
             _ = sleep(timer) => None,
         };
-        if let Some(fence) = cell.take_grant() {
+        // A grant published before our last queueing attempt ran (its fence is not above the
+        // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
+        // queued us again. Its message may still arrive after the reply; it must not be used.
+        if let Some(fence) = cell
+            .take_grant()
+            .filter(|f| queued_at.is_none() || *f > queued_fence)
+        {
             counters.woke(Some(WakeReason::Notification));
             // Boxed (as `finish`): their call state would otherwise size every waiting future.
             if let Some(g) = Box::pin(take_grant(engine, req, hub, queued_at, fence)).await? {
