@@ -1,8 +1,8 @@
 //! Redis key names of one lock.
 //!
 //! For prefix `p` and user key `k` every name shares the base `{pk}`: lock `{pk}`, fence
-//! counter `{pk}:fence`, waiter queue `{pk}:q`, and one grant channel per waiting process
-//! `{pk}:w:<process id>`. Whatever the key holds (braces included), the first `{…}` of every
+//! counter `{pk}:fence`, waiter queue `{pk}:q`, waiting processes `{pk}:p`, and one grant
+//! channel per waiting process `{pk}:w:<process id>`. Whatever the key holds (braces included), the first `{…}` of every
 //! name is the same, and never empty since the prefix is non-empty and brace-free, so they
 //! hash to one Redis Cluster slot.
 
@@ -39,6 +39,11 @@ impl Names {
         format!("{}:q", self.lock)
     }
 
+    /// The name of the hash that records when each waiting process last called on the key.
+    pub(crate) fn processes(&self) -> String {
+        format!("{}:p", self.lock)
+    }
+
     /// The names behind a lock name (for a grant whose waiter is gone: the channel gives
     /// only the lock's Redis name, which then stands for the key in errors and logs).
     pub(crate) fn from_lock(lock: &str) -> Names {
@@ -50,7 +55,7 @@ impl Names {
 
     /// The channel on which grants reach the waiters of process `hub` (as the scripts build it).
     pub(crate) fn channel(&self, hub: &str) -> String {
-        format!("{}:w:{hub}", self.lock)
+        crate::redis::protocol::channel(&self.lock, hub)
     }
 }
 
@@ -104,6 +109,7 @@ mod tests {
             let n = Names::new("waitlock:", key).unwrap();
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.fence()), "{key}");
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.queue()), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&n.processes()), "{key}");
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.channel("ab12")), "{key}");
             assert!(!hash_tag(&n.lock).is_empty());
         }

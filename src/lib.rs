@@ -17,7 +17,7 @@ pub use hold::guard::LockGuard;
 pub use hold::run::LockContext;
 pub use locker::{
     Locker, LockerBuilder, PubSubLocker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT,
-    DEFAULT_PREFIX,
+    DEFAULT_PREFIX, DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
 };
 pub use options::{Backoff, LockOptions};
 pub use redis::ConnectOptions;
@@ -30,9 +30,10 @@ pub use wait::notify::stats::{RegistrySize, WakeStats};
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).
 ///
-/// Each starts with the same prelude. `KEYS` are always lock `{pk}`, fence `{pk}:fence`,
-/// queue `{pk}:q`; `ARGV` always token, ttl ms, fence-counter ttl ms, claim window ms, queue
-/// member (`"<waiter id> <ttl ms> <token>"`, or empty), flag. `docs/design.md` describes them.
+/// Each starts with the same prelude (protocol format 2). `KEYS` are always lock `{pk}`, fence
+/// `{pk}:fence`, queue `{pk}:q`, processes `{pk}:p`; `ARGV` always token, ttl ms, retention
+/// ms, claim window ms, presence window ms, queue member (`"<process id> <ttl ms> <token>"`, or
+/// empty), process id (or empty), flag, fence (or empty). `docs/design.md` describes them.
 pub mod scripts {
     /// Acquire (SET NX PX plus a fence); when held and a member is given, queue it.
     pub const ACQUIRE: &str = crate::redis::scripts::ACQUIRE;
@@ -41,8 +42,8 @@ pub mod scripts {
     /// Release: hand the lock to the oldest live queued waiter (publishing the grant on its
     /// channel), or delete it.
     pub const RELEASE: &str = crate::redis::scripts::RELEASE;
-    /// A waiter leaves the queue, keeping or giving back a grant (flag `t`/`T` keep, `g`/`G`
-    /// give back).
+    /// A waiter leaves the queue and gives back what its token holds (flag `G`), or only a
+    /// grant with a given fence (flag `o`).
     pub const LEAVE: &str = crate::redis::scripts::LEAVE;
     /// Status: reads the lock, its fence and its queue length.
     pub const STATUS: &str = crate::redis::scripts::STATUS;

@@ -7,7 +7,9 @@ use crate::hold::run::{run_under, LockContext};
 use crate::keys::check_prefix;
 use crate::options::{check_token, check_ttl, LockOptions};
 use crate::redis::scripts::Call;
-use crate::redis::{connect_client, Attempt, Backend, ConnectOptions, Engine, Released};
+use crate::redis::{
+    connect_client, Attempt, Backend, ConnectOptions, Engine, Extended, Released, Settings,
+};
 use crate::stats::LockerStats;
 use crate::status::LockStatus;
 use crate::wait::notify::hub::Hub;
@@ -23,9 +25,12 @@ use std::time::Duration;
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "waitlock:";
-/// The default claim window: how long a lock handed to a queued waiter stays in Redis before
-/// that waiter confirms it (see [`LockerBuilder::claim_window`]).
+/// The default claim window: the lease of a short grant (see [`LockerBuilder::claim_window`]).
 pub const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_millis(500);
+/// The default presence window (see [`LockerBuilder::presence_window`]).
+pub const DEFAULT_PRESENCE_WINDOW: Duration = Duration::from_millis(100);
+/// The default retention (see [`LockerBuilder::retention`]).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
 
 /// A distributed lock manager that waits by polling with full-jitter exponential backoff.
 ///
@@ -57,20 +62,26 @@ impl std::fmt::Debug for Locker {
 #[must_use]
 pub struct LockerBuilder {
     backend: Backend,
-    prefix: String,
-    command_timeout: Duration,
-    claim_window: Duration,
-    replicas: Option<(u32, Duration)>,
+    settings: Settings,
 }
 
 impl std::fmt::Debug for LockerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockerBuilder")
-            .field("prefix", &self.prefix)
-            .field("command_timeout", &self.command_timeout)
-            .field("claim_window", &self.claim_window)
-            .field("replicas", &self.replicas)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
+    }
+}
+
+/// The defaults every locker starts from.
+fn default_settings() -> Settings {
+    Settings {
+        prefix: DEFAULT_PREFIX.into(),
+        command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        claim_window: DEFAULT_CLAIM_WINDOW,
+        presence_window: DEFAULT_PRESENCE_WINDOW,
+        retention: DEFAULT_RETENTION,
+        replicas: None,
     }
 }
 
@@ -78,27 +89,50 @@ impl LockerBuilder {
     /// The prefix of every Redis name this locker uses; non-empty, at most 256 bytes, without
     /// braces. Defaults to `waitlock:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.settings.prefix = prefix.into();
         self
     }
 
     /// The time limit of each Redis call the locker makes (a call that passes it fails with
     /// [`Error::Timeout`]). Must be non-zero. Defaults to 3 s.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
+        self.settings.command_timeout = timeout;
         self
     }
 
-    /// How long a lock handed to a queued waiter stays in Redis until that waiter confirms it
-    /// (it does so at once if it cannot use the grant right away, else half-way through the
-    /// window, unless it released first). A waiter whose process froze or died just after it
-    /// was granted the lock delays the others by this window plus the check interval (1 s),
-    /// not by a TTL. Whole milliseconds, at least 10 ms. Defaults to 500 ms.
-    ///
-    /// Every locker that waits on the same keys should use the same window; the release that
-    /// grants applies the window of the locker that releases.
+    /// The lease of a *short grant*: when a release hands the lock to a queued waiter whose
+    /// process Redis has not seen on the key within the [presence
+    /// window](Self::presence_window), it grants the lock for this long only, and the waiter
+    /// confirms it (extends it to its TTL, one round trip) before `acquire_wait` returns. A
+    /// waiter whose process froze before such a release costs the others this window (plus a
+    /// millisecond or two), never a TTL. The grant message carries its lease, so lockers with
+    /// different windows can share keys. Whole milliseconds, at least 10 ms. Defaults to
+    /// 500 ms.
     pub fn claim_window(mut self, window: Duration) -> Self {
-        self.claim_window = window;
+        self.settings.claim_window = window;
+        self
+    }
+
+    /// A release hands the lock to a queued waiter with the waiter's **full TTL** (no further
+    /// step: the waiter holds the lock when the grant arrives) when the waiter's process
+    /// called Redis on that key within this window before the release; otherwise it gives a
+    /// short grant (see [`claim_window`](Self::claim_window)). Busy waiters are always seen:
+    /// their handoffs cost one message and no round trip. The price: a process that freezes
+    /// less than this window before it is handed the lock keeps it for its TTL, like a frozen
+    /// holder. Zero makes every handoff a short grant confirmed by its waiter. At most one
+    /// hour. Defaults to 100 ms.
+    pub fn presence_window(mut self, window: Duration) -> Self {
+        self.settings.presence_window = window;
+        self
+    }
+
+    /// How long the Redis keys of a lock outlive their last use: the fence counter after the
+    /// last acquisition (or the TTL when longer), the queue and the record of waiting
+    /// processes after the last waiter queued. A fence counter that expired starts again at
+    /// Redis' clock in microseconds, so fences keep growing (see `docs/design.md`,
+    /// "Fencing"). At least 1 s, at most 30 days. Defaults to one hour.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.settings.retention = retention;
         self
     }
 
@@ -114,33 +148,48 @@ impl LockerBuilder {
     /// client (or pool) of its own. Defaults to none (no check). `replicas` must be at least
     /// 1 and `timeout` non-zero.
     pub fn require_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.replicas = Some((replicas, timeout));
+        self.settings.replicas = Some((replicas, timeout));
         self
     }
 
     fn engine(self) -> Result<Engine> {
-        check_prefix(&self.prefix)?;
+        let s = &self.settings;
+        check_prefix(&s.prefix)?;
         let bad = |field, value: Duration, reason| Error::InvalidOptions {
             key: String::new(),
             field,
             value: format!("{value:?}"),
             reason,
         };
-        if self.command_timeout.is_zero() {
+        if s.command_timeout.is_zero() {
             return Err(bad(
                 "command_timeout",
-                self.command_timeout,
+                s.command_timeout,
                 "must be non-zero",
             ));
         }
-        if self.claim_window < Duration::from_millis(10) || self.claim_window.as_secs() > 86_400 {
+        if s.claim_window < Duration::from_millis(10) || s.claim_window.as_secs() > 86_400 {
             return Err(bad(
                 "claim_window",
-                self.claim_window,
+                s.claim_window,
                 "must be between 10 ms and one day",
             ));
         }
-        if let Some((n, timeout)) = self.replicas {
+        if s.presence_window.as_secs() > 3_600 {
+            return Err(bad(
+                "presence_window",
+                s.presence_window,
+                "must be at most one hour",
+            ));
+        }
+        if s.retention < Duration::from_secs(1) || s.retention.as_secs() > 30 * 86_400 {
+            return Err(bad(
+                "retention",
+                s.retention,
+                "must be between 1 s and 30 days",
+            ));
+        }
+        if let Some((n, timeout)) = s.replicas {
             if n == 0 || timeout.is_zero() {
                 return Err(Error::InvalidOptions {
                     key: String::new(),
@@ -150,14 +199,7 @@ impl LockerBuilder {
                 });
             }
         }
-        let mut engine = Engine::new(
-            self.backend,
-            self.prefix,
-            self.command_timeout,
-            self.claim_window,
-        );
-        engine.replicas = self.replicas;
-        Ok(engine)
+        Ok(Engine::new(self.backend, self.settings))
     }
 
     /// A polling [`Locker`]. Errors: [`Error::InvalidOptions`] for a bad prefix, timeout or
@@ -189,14 +231,9 @@ impl LockerBuilder {
 
 impl Locker {
     /// A locker with the defaults (prefix `waitlock:`, command timeout 3 s, claim window
-    /// 500 ms) on `client`.
+    /// 500 ms, presence window 100 ms, retention one hour) on `client`.
     pub fn new(client: Client) -> Locker {
-        let engine = Arc::new(Engine::new(
-            Backend::Client(client),
-            DEFAULT_PREFIX.into(),
-            DEFAULT_COMMAND_TIMEOUT,
-            DEFAULT_CLAIM_WINDOW,
-        ));
+        let engine = Arc::new(Engine::new(Backend::Client(client), default_settings()));
         crate::redis::sentinel::watch(&engine);
         Locker { engine }
     }
@@ -214,10 +251,7 @@ impl Locker {
     fn builder_on(backend: Backend) -> LockerBuilder {
         LockerBuilder {
             backend,
-            prefix: DEFAULT_PREFIX.into(),
-            command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            claim_window: DEFAULT_CLAIM_WINDOW,
-            replicas: None,
+            settings: default_settings(),
         }
     }
 
@@ -318,7 +352,7 @@ impl Locker {
     /// ```
     #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let result = match Request::new(&self.engine, key, opts) {
+        let result = match Request::new(&self.engine, key, opts, "") {
             Ok(req) => wait::once(&self.engine, &req).await,
             Err(e) => Err(e),
         };
@@ -354,7 +388,7 @@ impl Locker {
     #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let start = tokio::time::Instant::now();
-        let result = match Request::new(&self.engine, key, opts) {
+        let result = match Request::new(&self.engine, key, opts, "") {
             Ok(req) => wait::poll(&self.engine, &req).await,
             Err(e) => Err(e),
         };
@@ -433,16 +467,13 @@ impl Locker {
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
         let call = Call {
-            names: &names,
-            token,
             ttl_ms,
-            member: "",
-            flag: "",
+            ..Call::new(&names, token)
         };
         match self
             .engine
             .attempt_on(
-                self.engine.backend.next_client(),
+                self.engine.backend.client_for(token),
                 &call,
                 self.engine.command_timeout,
             )
@@ -471,10 +502,19 @@ impl Locker {
         let names = self.engine.names(key)?;
         let ttl_ms = check_ttl(key, ttl)?;
         check_token(key, token)?;
+        let call = Call {
+            ttl_ms,
+            ..Call::new(&names, token)
+        };
         if self
             .engine
-            .extend(&names, token, ttl_ms, self.engine.command_timeout)
+            .extend_on(
+                self.engine.backend.client_for(token),
+                &call,
+                self.engine.command_timeout,
+            )
             .await?
+            != Extended::NotHeld
         {
             Ok(())
         } else {
@@ -496,9 +536,10 @@ impl Locker {
         match self
             .engine
             .release_on(
-                self.engine.backend.next_client(),
+                self.engine.backend.client_for(token),
                 &names,
                 token,
+                "",
                 self.engine.command_timeout,
             )
             .await?
@@ -652,7 +693,7 @@ impl PubSubLocker {
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let engine = &self.locker.engine;
         let start = tokio::time::Instant::now();
-        let result = match Request::new(engine, key, opts) {
+        let result = match Request::new(engine, key, opts, &self.hub.id) {
             Ok(req) => wait::notify::wait(engine, &self.hub, &req).await,
             Err(e) => Err(e),
         };

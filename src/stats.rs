@@ -25,6 +25,10 @@ pub struct LockerStats {
     pub locks_lost: u64,
     /// Acquisitions that failed for another reason (Redis errors, timeouts, bad input).
     pub errors: u64,
+    /// Critical sections (`run`) that ended while their lock was valid, whose release then
+    /// found the lock gone (it reached Redis after the lease: a stalled server or a slow
+    /// network). `run` returned the section's value: the lock was held throughout.
+    pub late_releases: u64,
     /// How long successful `acquire_wait` / `run` calls waited for the lock.
     pub wait: WaitSummary,
     /// Why `PubSubLocker` waiters woke (all zero for a polling `Locker`).
@@ -57,6 +61,7 @@ pub(crate) struct Meter {
     locked: AtomicU64,
     pub(crate) locks_lost: AtomicU64,
     errors: AtomicU64,
+    pub(crate) late_releases: AtomicU64,
     waits: Box<[AtomicU64]>,
     wait_count: AtomicU64,
     wait_max_us: AtomicU64,
@@ -70,6 +75,7 @@ impl Default for Meter {
             locked: AtomicU64::new(0),
             locks_lost: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            late_releases: AtomicU64::new(0),
             waits: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             wait_count: AtomicU64::new(0),
             wait_max_us: AtomicU64::new(0),
@@ -144,6 +150,7 @@ impl Meter {
             locked: g(&self.locked),
             locks_lost: g(&self.locks_lost),
             errors: g(&self.errors),
+            late_releases: g(&self.late_releases),
             wait: WaitSummary {
                 count: g(&self.wait_count),
                 p50: pct(0.5),

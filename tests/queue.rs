@@ -39,8 +39,12 @@ async fn child(mode: &str) {
             let _ = out.flush();
         }
     });
+    let ttl = match common::env_num("QUEUE_TTL_MS") {
+        0 => Duration::from_secs(10),
+        ms => Duration::from_millis(ms),
+    };
     let opts = LockOptions::new()
-        .with_ttl(Duration::from_secs(10))
+        .with_ttl(ttl)
         .with_wait(Duration::from_secs(30));
     let (lines_tx, mut lines) = mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -136,8 +140,21 @@ struct Proc {
 
 impl Proc {
     fn spawn(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64) -> Proc {
+        Self::spawn_with_ttl(mode, url, key, hold_ms, tasks, 0)
+    }
+
+    /// As `spawn`, with the waiters' TTL in ms (0: 10 s).
+    fn spawn_with_ttl(
+        mode: &str,
+        url: &str,
+        key: &str,
+        hold_ms: u64,
+        tasks: u64,
+        ttl_ms: u64,
+    ) -> Proc {
         let mut child = Command::new(std::env::current_exe().expect("exe"))
             .env("QUEUE_CHILD", mode)
+            .env("QUEUE_TTL_MS", ttl_ms.to_string())
             .env("QUEUE_URL", url)
             .env("QUEUE_KEY", key)
             .env("QUEUE_HOLD_MS", hold_ms.to_string())
@@ -330,17 +347,58 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     ))
 }
 
-/// A waiter granted the lock while its process is frozen: the grant lapses after the claim
-/// window and the next waiter holds the lock within claim window + check interval.
+/// Two waiters of a process that froze before the release (longer ago than the presence
+/// window, 100 ms) and a live waiter behind them: the release gives the frozen one a short
+/// grant (the claim window), which lapses; the live waiter, told to watch the lock, holds it
+/// within the claim window (plus a little) of the release. The frozen process's waiters are
+/// skipped, and served after SIGCONT (they queue again).
 async fn frozen_grantee(url: &str) -> Result<String, String> {
+    let (live_ms, frozen_line) = frozen_before_release(url, "frozen-grantee", 300, 0).await?;
+    let bound = 500.0 + 250.0;
+    if live_ms > bound {
+        return Err(format!(
+            "live waiter held the lock {live_ms:.0} ms after the release (bound {bound} ms)"
+        ));
+    }
+    Ok(format!(
+        "process frozen 300 ms before the release: its short grant lapsed; the live waiter held the lock {live_ms:.0} ms after the release (claim window 500 ms); {frozen_line}"
+    ))
+}
+
+/// The cost the presence window leaves: a process frozen just before the release (it was
+/// seen on the key within the presence window) is handed the lock with its full TTL, and
+/// keeps it that long, like a frozen holder. TTL 2 s here: the live waiter holds the lock
+/// after the TTL plus a claim window at most (the frozen process's second waiter gets a short
+/// grant, which lapses).
+async fn frozen_right_before_its_grant(url: &str) -> Result<String, String> {
+    let (live_ms, frozen_line) = frozen_before_release(url, "frozen-just-before", 0, 2000).await?;
+    let bound = 2000.0 + 500.0 + 500.0;
+    if live_ms > bound {
+        return Err(format!(
+            "live waiter held the lock {live_ms:.0} ms after the release (bound {bound} ms)"
+        ));
+    }
+    Ok(format!(
+        "process frozen at the release: it kept its full-TTL grant; the live waiter held the lock {live_ms:.0} ms after the release (TTL 2 s + claim window 0.5 s); {frozen_line}"
+    ))
+}
+
+/// A holder, a process with two queued waiters that is frozen `freeze_ms` before the release,
+/// and a live waiter queued behind them. Returns when the live waiter held the lock (ms after
+/// the release), and a line about the frozen one's waiters after SIGCONT.
+async fn frozen_before_release(
+    url: &str,
+    key: &str,
+    freeze_ms: u64,
+    ttl_ms: u64,
+) -> Result<(f64, String), String> {
     let locker = Locker::new(common::client_for(url).await);
-    let key = "frozen-grantee";
     let g = locker
         .acquire(key, &LockOptions::new())
         .await
         .map_err(|e| e.to_string())?;
-    let mut frozen = Proc::spawn("waiters", url, key, 1, 0);
-    let mut live = Proc::spawn("waiters", url, key, 1, 0);
+    let mut frozen = Proc::spawn_with_ttl("waiters", url, key, 1, 0, ttl_ms);
+    let mut live = Proc::spawn_with_ttl("waiters", url, key, 1, 0, ttl_ms);
     frozen.expect("ready", Duration::from_secs(20)).await?;
     live.expect("ready", Duration::from_secs(20)).await?;
     frozen.send("wait f0");
@@ -349,32 +407,29 @@ async fn frozen_grantee(url: &str) -> Result<String, String> {
     live.send("wait live");
     queued(&locker, key, 3).await?;
     frozen.signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = live.expect("ACQ", Duration::from_secs(10)).await?;
     let after = ms(field(&l, 2).saturating_sub(released));
     frozen.signal("-CONT");
-    // The resumed process finds its waiters dropped, queues them again and is served.
+    // The resumed process finds its waiters skipped, queues them again and is served.
     frozen.expect("ACQ", Duration::from_secs(10)).await?;
     frozen.expect("ACQ", Duration::from_secs(10)).await?;
-    let bound = 500.0 + 1250.0 + 250.0;
-    if after > bound {
-        return Err(format!(
-            "live waiter held the lock {after:.0} ms after the release (bound {bound} ms)"
-        ));
-    }
-    Ok(format!(
-        "grant to a frozen process lapsed; the live waiter held the lock {after:.0} ms after the release (claim window 500 ms + check interval <= 1250 ms); the frozen one's two waiters were served after SIGCONT"
+    Ok((
+        after,
+        "the frozen one's two waiters were served after SIGCONT".into(),
     ))
 }
 
-/// Three processes contend with 1 ms holds; two are frozen with their connections open. After
-/// a one-time cost (a claim window per frozen process), the live one's handoffs run at full
-/// speed again (before the queue: every handoff waited a 5 ms deferral).
+/// Three processes contend with 1 ms holds and a 2 s TTL; two are frozen with their
+/// connections open. After a one-time cost (the TTL of a full grant one of them got as it
+/// froze, and a claim window per frozen process), the live one's handoffs run at full speed
+/// again: the frozen processes' waiters are skipped.
 async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, String> {
     let key = "frozen-procs";
     let mut procs: Vec<Proc> = (0..3)
-        .map(|_| Proc::spawn("contend", url, key, 1, 2))
+        .map(|_| Proc::spawn_with_ttl("contend", url, key, 1, 2, 2000))
         .collect();
     for p in procs.iter_mut() {
         p.expect("ready", Duration::from_secs(20)).await?;
@@ -383,7 +438,7 @@ async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, 
     procs[1].signal("-STOP");
     procs[2].signal("-STOP");
     let frozen_at = now_ns();
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    tokio::time::sleep(Duration::from_millis(5500)).await;
     procs[1].signal("-CONT");
     procs[2].signal("-CONT");
     for p in procs.iter_mut() {
@@ -408,8 +463,9 @@ async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, 
             return Err(format!("overlap: {:?} and {:?}", w[0], w[1]));
         }
     }
-    // The live process's handoffs from 1.5 s after the freeze to the SIGCONT.
-    let (from, to) = (frozen_at + 1_500_000_000, frozen_at + 3_400_000_000);
+    // The live process's handoffs from 3.5 s after the freeze (TTL 2 s + two claim windows
+    // + slack) to the SIGCONT.
+    let (from, to) = (frozen_at + 3_500_000_000, frozen_at + 5_400_000_000);
     let live: Vec<&(u64, u64, usize)> = all
         .iter()
         .filter(|a| a.2 == 0 && a.0 >= from && a.0 <= to)
@@ -705,6 +761,10 @@ fn main() {
         crashed_waiters(&url, 100)
     );
     scenario!("frozen_grantee", frozen_grantee(&url));
+    scenario!(
+        "frozen_right_before_its_grant",
+        frozen_right_before_its_grant(&url)
+    );
     scenario!(
         "frozen_processes_do_not_slow_the_live_one",
         frozen_processes_do_not_slow_the_live_one(&url)

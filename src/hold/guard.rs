@@ -4,17 +4,17 @@ use super::lease::{Hold, Lease, Refresher};
 use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
 use crate::options::check_ttl;
-use crate::redis::{Engine, Released};
+use crate::redis::scripts::Call;
+use crate::redis::{Engine, Extended, Released};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The running background task of one guard (a keep-alive, or the confirmation of a grant).
+/// The running keep-alive task of one guard.
 struct Task {
     stop: CancellationToken,
     lost: CancellationToken,
-    keep_alive: bool,
 }
 
 /// A held lock. Release it with [`release`](LockGuard::release); dropping it releases the lock
@@ -25,6 +25,8 @@ pub struct LockGuard {
     engine: Arc<Engine>,
     names: Names,
     token: String,
+    /// The locker's process id (a pub/sub locker's; empty for a polling one).
+    hub: String,
     fence: u64,
     refresh_ratio: f64,
     lease: Arc<Lease>,
@@ -43,30 +45,28 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// A guard for a lock taken with `hold`. A grant not yet confirmed is confirmed by a
-    /// background task at half its claim window (unless the guard is released first).
+    /// A guard for a lock taken with `hold`: Redis keeps it until `hold.valid_until` (and
+    /// longer) with no further step from the holder.
     pub(crate) fn new(
         engine: Arc<Engine>,
         names: Names,
         token: String,
+        hub: String,
         ttl: Duration,
         refresh_ratio: f64,
         hold: Hold,
     ) -> Self {
-        let mut guard = LockGuard {
+        LockGuard {
             lease: Arc::new(Lease::new(ttl, &hold)),
             engine,
             names,
             token,
+            hub,
             fence: hold.fence,
             refresh_ratio,
             task: None,
             released: false,
-        };
-        if !hold.confirmed {
-            guard.start_task(false);
         }
-        guard
     }
 
     /// The user's key (without prefix).
@@ -87,9 +87,12 @@ impl LockGuard {
     }
 
     /// The last instant at which this holder may assume no one else holds the lock: when the
-    /// last command that set its expiry in Redis was sent (for a lock handed over by a grant:
-    /// the waiter's last queue check, which Redis ran before the grant), plus that expiry,
-    /// minus a drift margin of 1% of it plus 2 ms.
+    /// lease Redis holds the lock for started, at the latest, by our clock (the send time of
+    /// the command that set it; for a lock handed over by a grant, the grant's time in Redis
+    /// carried over to our clock from the waiter's own last queueing call), plus that lease,
+    /// minus a drift margin of 1% of it plus 2 ms. When `acquire_wait` returns it is the TTL
+    /// asked for, less that margin and the time the call's reply (or the grant) took to
+    /// arrive: see `docs/design.md`, "The lease at return".
     pub fn valid_until(&self) -> Instant {
         self.lease.lock().valid_until
     }
@@ -112,15 +115,17 @@ impl LockGuard {
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let ttl_ms = check_ttl(&self.names.key, ttl)?;
         let sent_at = Instant::now();
+        let call = Call {
+            ttl_ms,
+            hub: &self.hub,
+            ..Call::new(&self.names, &self.token)
+        };
+        let client = self.engine.backend.client_for(&self.token);
         if self
             .engine
-            .extend(
-                &self.names,
-                &self.token,
-                ttl_ms,
-                self.engine.command_timeout,
-            )
+            .extend_on(client, &call, self.engine.command_timeout)
             .await?
+            != Extended::NotHeld
         {
             self.lease.renewed(sent_at, Duration::from_millis(ttl_ms));
             Ok(())
@@ -156,9 +161,10 @@ impl LockGuard {
         let released = self
             .engine
             .release_on(
-                self.engine.backend.next_client(),
+                self.engine.backend.client_for(&self.token),
                 &self.names,
                 &self.token,
+                &self.hub,
                 self.engine.command_timeout,
             )
             .await;
@@ -182,10 +188,6 @@ impl LockGuard {
     /// - with `refresh_ratio = 0`, nothing is refreshed and the token is cancelled at the
     ///   validity deadline ([`LossReason::TtlElapsed`]).
     ///
-    /// A lock handed over by a grant (see [`PubSubLocker`](crate::PubSubLocker)) is confirmed
-    /// (extended to its full TTL) half-way through its claim window whether or not a keep-alive
-    /// runs; a failed confirmation is a loss like a failed refresh.
-    ///
     /// The task stops when the guard is released or dropped, and holds only a weak reference
     /// to the locker. Calling it again returns the same token.
     ///
@@ -202,21 +204,10 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn keep_alive(&mut self) -> CancellationToken {
-        match &self.task {
-            Some(t) if t.keep_alive => t.lost.clone(),
-            _ => self.start_task(true),
+        if let Some(t) = &self.task {
+            return t.lost.clone();
         }
-    }
-
-    /// Starts the background task (replacing a confirm-only one); returns its loss token.
-    fn start_task(&mut self, keep_alive: bool) -> CancellationToken {
-        let lost = match self.task.take() {
-            Some(old) => {
-                old.stop.cancel();
-                old.lost
-            }
-            None => CancellationToken::new(),
-        };
+        let lost = CancellationToken::new();
         let stop = CancellationToken::new();
         if self.loss().is_some() {
             lost.cancel();
@@ -225,9 +216,9 @@ impl LockGuard {
                 engine: Arc::downgrade(&self.engine),
                 names: self.names.clone(),
                 token: self.token.clone(),
+                hub: self.hub.clone(),
                 lease: Arc::clone(&self.lease),
                 ratio: self.refresh_ratio,
-                confirm_only: !keep_alive,
                 stop: stop.clone(),
                 lost: lost.clone(),
             }
@@ -236,7 +227,6 @@ impl LockGuard {
         self.task = Some(Task {
             stop,
             lost: lost.clone(),
-            keep_alive,
         });
         lost
     }
@@ -250,6 +240,10 @@ impl LockGuard {
     pub(crate) fn ttl(&self) -> Duration {
         self.lease.lock().ttl
     }
+
+    pub(crate) fn engine(&self) -> Arc<Engine> {
+        Arc::clone(&self.engine)
+    }
 }
 
 impl Drop for LockGuard {
@@ -257,9 +251,9 @@ impl Drop for LockGuard {
         self.stop_task();
         if !self.released {
             self.engine.release_in_background(
-                None,
                 self.names.clone(),
                 std::mem::take(&mut self.token),
+                std::mem::take(&mut self.hub),
             );
         }
     }

@@ -1,34 +1,54 @@
-//! What a holder knows of its lease, and the task that refreshes (or confirms) it.
+//! What a holder knows of its lease, and the task that refreshes it.
 
 use crate::error::LossReason;
 use crate::keys::Names;
-use crate::redis::{scripts::validity_deadline, Engine};
+use crate::redis::scripts::Call;
+use crate::redis::{Engine, Extended};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// How a lock came to be held: the fence, when the command that started its current PX in
-/// Redis was sent (or an earlier command that Redis ran before it), and that PX.
+/// The drift margin of a lease of `px`: 1% of it (clocks that run at slightly different rates,
+/// as Redlock's clock-drift factor) plus 2 ms (a timer that fires late on a busy host).
+pub(crate) fn margin(px: Duration) -> Duration {
+    px / 100 + Duration::from_millis(2)
+}
+
+/// The last instant a holder may assume no one else holds the lock, for a lease of `px` that
+/// Redis started no earlier than `from` (by our clock): `from + px − margin(px)`.
+pub(crate) fn validity_deadline(from: Instant, px: Duration) -> Instant {
+    from + px.saturating_sub(margin(px))
+}
+
+/// How a lock came to be held: its fence, the last instant this holder may rely on it, and
+/// the local instant its current lease started at the latest (by our clock).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hold {
     pub(crate) fence: u64,
-    pub(crate) sent_at: Instant,
-    pub(crate) px: Duration,
-    /// False for a grant not yet confirmed: Redis keeps it for the claim window only.
-    pub(crate) confirmed: bool,
+    pub(crate) valid_until: Instant,
+    pub(crate) since: Instant,
+}
+
+impl Hold {
+    /// A lease of `px` that Redis set when it ran a command we sent at `sent_at`.
+    pub(crate) fn sent(fence: u64, sent_at: Instant, px: Duration) -> Hold {
+        Hold {
+            fence,
+            valid_until: validity_deadline(sent_at, px),
+            since: sent_at,
+        }
+    }
 }
 
 pub(crate) struct LeaseState {
     /// The TTL the lock was asked for (what every refresh sets).
     pub(crate) ttl: Duration,
-    pub(crate) sent_at: Instant,
-    /// The PX Redis applied from `sent_at` on.
-    px: Duration,
+    /// When the current lease started, at the latest (the send time of its command).
+    pub(crate) since: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) lost: Option<LossReason>,
-    pub(crate) confirmed: bool,
 }
 
 /// Shared by a guard and its background task.
@@ -38,11 +58,9 @@ impl Lease {
     pub(crate) fn new(ttl: Duration, hold: &Hold) -> Lease {
         Lease(Mutex::new(LeaseState {
             ttl,
-            sent_at: hold.sent_at,
-            px: hold.px,
-            valid_until: validity_deadline(hold.sent_at, hold.px),
+            since: hold.since,
+            valid_until: hold.valid_until,
             lost: None,
-            confirmed: hold.confirmed,
         }))
     }
 
@@ -56,9 +74,7 @@ impl Lease {
         let mut s = self.lock();
         if s.lost.is_none() {
             s.ttl = ttl;
-            s.px = ttl;
-            s.confirmed = true;
-            s.sent_at = s.sent_at.max(sent_at);
+            s.since = s.since.max(sent_at);
             s.valid_until = s.valid_until.max(validity_deadline(sent_at, ttl));
         }
     }
@@ -67,30 +83,24 @@ impl Lease {
         self.lock().lost.get_or_insert(reason);
     }
 
-    /// When the next refresh is due: an unconfirmed grant at half its claim window, otherwise
-    /// `ratio` of the TTL after the last one; `None` when nothing needs sending.
+    /// When the next refresh is due: `ratio` of the TTL after the last one; `None` when
+    /// nothing needs sending.
     fn next_refresh(&self, ratio: f64) -> Option<Instant> {
         let s = self.lock();
-        if !s.confirmed {
-            Some(s.sent_at + s.px / 2)
-        } else if ratio > 0.0 {
-            Some(s.sent_at + s.ttl.mul_f64(ratio))
-        } else {
-            None
-        }
+        (ratio > 0.0).then(|| s.since + s.ttl.mul_f64(ratio))
     }
 }
 
-/// Refreshes a lease in the background: forever (`keep_alive`), or until a grant is confirmed.
+/// Refreshes a lease in the background, and judges it lost when it is.
 pub(crate) struct Refresher {
     pub(crate) engine: Weak<Engine>,
     pub(crate) names: Names,
     pub(crate) token: String,
     pub(crate) lease: Arc<Lease>,
-    /// 0 = refresh off (a pending grant is still confirmed).
+    /// The locker's process id (a pub/sub locker's), for the scripts' records.
+    pub(crate) hub: String,
+    /// 0 = refresh off.
     pub(crate) ratio: f64,
-    /// Stop after the grant is confirmed (no keep-alive was asked for).
-    pub(crate) confirm_only: bool,
     pub(crate) stop: CancellationToken,
     pub(crate) lost: CancellationToken,
 }
@@ -107,7 +117,7 @@ impl Refresher {
                 });
             }
             Err(_) => {
-                tracing::warn!(key = %self.names.key, "no tokio runtime: nothing refreshes or confirms the lock")
+                tracing::warn!(key = %self.names.key, "no tokio runtime: nothing refreshes the lock")
             }
         }
     }
@@ -124,13 +134,10 @@ impl Refresher {
     async fn run(self) {
         let mut retry_at: Option<Instant> = None;
         loop {
-            let (valid_until, ttl, confirmed) = {
+            let (valid_until, ttl) = {
                 let s = self.lease.lock();
-                (s.valid_until, s.ttl, s.confirmed)
+                (s.valid_until, s.ttl)
             };
-            if confirmed && self.confirm_only {
-                return;
-            }
             let next = retry_at.or_else(|| self.lease.next_refresh(self.ratio));
             let refreshing = next.is_some();
             tokio::select! {
@@ -140,7 +147,7 @@ impl Refresher {
                     if self.lease.lock().valid_until > Instant::now() {
                         continue; // extended meanwhile by `LockGuard::extend`
                     }
-                    self.lose(if self.ratio > 0.0 || !confirmed { LossReason::Unreachable } else { LossReason::TtlElapsed });
+                    self.lose(if self.ratio > 0.0 { LossReason::Unreachable } else { LossReason::TtlElapsed });
                     return;
                 }
                 _ = sleep_until(next.unwrap_or(valid_until)), if refreshing => {}
@@ -153,20 +160,25 @@ impl Refresher {
                 .command_timeout
                 .min(valid_until.saturating_duration_since(sent_at))
                 .max(Duration::from_millis(1));
-            let ttl_ms = ttl.as_millis() as u64;
+            let call = Call {
+                ttl_ms: ttl.as_millis() as u64,
+                hub: &self.hub,
+                ..Call::new(&self.names, &self.token)
+            };
+            let client = engine.backend.client_for(&self.token);
             let result = tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
-                r = engine.extend(&self.names, &self.token, ttl_ms, limit) => r,
+                r = engine.extend_on(client, &call, limit) => r,
             };
             drop(engine);
             match result {
-                Ok(true) => {
-                    tracing::debug!(key = %self.names.key, confirmed, "refreshed");
+                Ok(Extended::Renewed | Extended::Confirmed { .. }) => {
+                    tracing::debug!(key = %self.names.key, "refreshed");
                     self.lease.renewed(sent_at, ttl);
                     retry_at = None;
                 }
-                Ok(false) => {
+                Ok(Extended::NotHeld) => {
                     self.lose(LossReason::TokenGone);
                     return;
                 }

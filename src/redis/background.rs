@@ -1,43 +1,58 @@
 //! Clean-up that must happen even when a future is dropped: releases and queue departures sent
 //! from a background task.
+//!
+//! Each is *sent* before the call that asks for it returns: its future is polled once on the
+//! spot (fred queues a command on its client at the first poll), then finished by a task. So
+//! a clean-up of a token always reaches Redis before that token's later calls, which go
+//! through the same client ([`Backend::client_for`](super::Backend::client_for)).
 
-use super::scripts::Call;
-use super::{Client, Engine};
+use super::protocol::{self, LeaveFlag};
+use super::scripts::{Call, Via};
+use super::Engine;
 use crate::keys::Names;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 impl Engine {
-    /// Runs `job` in a counted background task; does nothing outside a tokio runtime (the lock
-    /// or queue entry then lapses by itself: the TTL, or the missing subscriber).
+    /// Sends `job`'s first command now and finishes it in a counted background task; does
+    /// nothing outside a tokio runtime (the lock or queue entry then lapses by itself: the
+    /// TTL, or the missing subscriber).
     fn spawn_cleanup<F>(self: &Arc<Self>, key: &str, job: impl FnOnce(Arc<Engine>) -> F)
     where
-        F: std::future::Future<Output = ()> + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
     {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key = %key, "no tokio runtime to clean up in; the lock expires by its TTL");
             return;
         };
         let ticket = self.tasks.ticket();
-        let fut = job(Arc::clone(self));
+        let mut job = Box::pin(job(Arc::clone(self)));
+        if job
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready()
+        {
+            return;
+        }
         handle.spawn(async move {
             let _ticket = ticket;
-            fut.await
+            job.await
         });
     }
 
-    /// Releases in a background task (for `Drop`), on `client` when given so that it runs after
-    /// whatever was sent on it before.
+    /// Releases in a background task (a guard dropped without `release`).
     pub(crate) fn release_in_background(
         self: &Arc<Self>,
-        client: Option<Client>,
         names: Names,
         token: String,
+        hub: String,
     ) {
         let key = names.key.clone();
         self.spawn_cleanup(&key, move |engine| async move {
-            let client = client.unwrap_or_else(|| engine.backend.next_client().clone());
+            let client = engine.backend.client_for(&token).clone();
             match engine
-                .release_on(&client, &names, &token, engine.command_timeout)
+                .release_with(&client, &names, &token, &hub, engine.command_timeout, Via::Sha)
                 .await
             {
                 Ok(r) => tracing::debug!(key = %names.key, result = ?r, "background release"),
@@ -46,26 +61,31 @@ impl Engine {
         });
     }
 
-    /// Leaves the queue in a background task, giving back a grant (or, for generated tokens,
-    /// any hold of the token), on `client` so that it runs after the waiter's last attempt.
+    /// Leaves the queue (when `member` is not empty) and gives back what `flag` says, in a
+    /// background task: a wait that ended without the lock, or a grant whose waiter had gone.
     pub(crate) fn leave_in_background(
         self: &Arc<Self>,
-        client: Client,
         names: Names,
         token: String,
         member: String,
-        own_token: bool,
+        hub: String,
+        flag: LeaveFlag,
     ) {
         let key = names.key.clone();
         self.spawn_cleanup(&key, move |engine| async move {
+            let client = engine.backend.client_for(&token).clone();
             let c = Call {
-                names: &names,
-                token: &token,
-                ttl_ms: 1,
                 member: &member,
-                flag: if own_token { "G" } else { "g" },
+                hub: &hub,
+                leave: Some(flag),
+                ..Call::new(&names, &token)
             };
-            match engine.leave_on(&client, &c, engine.command_timeout).await {
+            // With the script's text: a NOSCRIPT retry would go out behind the token's later
+            // calls.
+            match engine
+                .leave_on(&client, &c, engine.command_timeout, Via::Text)
+                .await
+            {
                 Ok(left) => tracing::debug!(key = %names.key, ?left, "background queue departure"),
                 Err(e) => tracing::warn!(key = %names.key, error = %e, "leaving the queue failed; the entry lapses when this process stops listening"),
             }
@@ -73,10 +93,10 @@ impl Engine {
     }
 }
 
-/// Sends a release of a token whose acquire outcome is unknown when dropped armed.
+/// Gives back whatever a token may have taken by an attempt whose outcome is unknown (it was
+/// dropped, or timed out and may still run), when dropped armed.
 pub(crate) struct ResidueGuard<'a> {
     pub(crate) engine: &'a Arc<Engine>,
-    pub(crate) client: &'a Client,
     pub(crate) names: &'a Names,
     pub(crate) token: &'a str,
     pub(crate) armed: bool,
@@ -85,36 +105,36 @@ pub(crate) struct ResidueGuard<'a> {
 impl Drop for ResidueGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.engine.release_in_background(
-                Some(self.client.clone()),
+            self.engine.leave_in_background(
                 self.names.clone(),
                 self.token.to_owned(),
+                String::new(),
+                String::new(),
+                LeaveFlag::GiveBack,
             );
         }
     }
 }
 
-/// A waiter's place in a Redis queue: when dropped armed (the waiter's future was dropped, or it
-/// failed after queueing), it leaves the queue in the background and gives back a grant it may
-/// have been sent, so the next waiter is served at once.
+/// A waiter's place in a Redis queue: when dropped armed (the waiter's future was dropped, its
+/// wait ran out, or it failed after queueing), it leaves the queue in the background and gives
+/// back a grant it may have been sent, so the next waiter is served at once.
 ///
 /// It borrows what it needs from the waiting future (whose size is every waiter's cost).
 pub(crate) struct QueueResidue<'a> {
     pub(crate) engine: &'a Arc<Engine>,
-    pub(crate) client: &'a Client,
     pub(crate) names: &'a Names,
     pub(crate) token: &'a str,
     /// The waiting process's id (the hub's).
-    pub(crate) waiter_id: &'a str,
+    pub(crate) hub: &'a str,
     pub(crate) ttl_ms: u64,
-    pub(crate) own_token: bool,
     pub(crate) armed: bool,
 }
 
 impl QueueResidue<'_> {
-    /// The waiter's queue member, as the scripts store it: `"<id> <ttl ms> <token>"`.
+    /// The waiter's queue member, as the scripts store it.
     pub(crate) fn member(&self) -> String {
-        format!("{} {} {}", self.waiter_id, self.ttl_ms, self.token)
+        protocol::member(self.hub, self.ttl_ms, self.token)
     }
 }
 
@@ -122,11 +142,11 @@ impl Drop for QueueResidue<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.engine.leave_in_background(
-                self.client.clone(),
                 self.names.clone(),
                 self.token.to_owned(),
                 self.member(),
-                self.own_token,
+                self.hub.to_owned(),
+                LeaveFlag::GiveBack,
             );
         }
     }

@@ -3,6 +3,7 @@
 
 mod background;
 mod connect;
+pub(crate) mod protocol;
 pub(crate) mod scripts;
 pub(crate) mod sentinel;
 #[cfg(feature = "tls-rustls")]
@@ -11,7 +12,7 @@ mod tls;
 pub(crate) use background::{QueueResidue, ResidueGuard};
 pub(crate) use connect::connect_client;
 pub use connect::ConnectOptions;
-pub(crate) use scripts::{Attempt, Left, Released};
+pub(crate) use scripts::{Attempt, Extended, Queued, Released};
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;
 
@@ -32,13 +33,53 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// The client for the next call (a pool hands out its clients in turn).
+    /// The client for the next call that concerns no token (a pool hands out its clients in
+    /// turn).
     pub(crate) fn next_client(&self) -> &Client {
         match self {
             Backend::Client(c) => c,
             Backend::Pool(p) => p.next(),
         }
     }
+
+    /// The client for every call of `token`: always the same one, so that Redis runs a token's
+    /// calls in the order they were sent. A call that timed out on the client but runs later
+    /// (fred sends it once it can, or again after a reconnect) then still runs before the
+    /// token's later calls, never after them: a stale release cannot hit a later acquisition.
+    pub(crate) fn client_for(&self, token: &str) -> &Client {
+        match self {
+            Backend::Client(c) => c,
+            Backend::Pool(p) => {
+                let clients = p.clients();
+                if clients.is_empty() {
+                    return p.next();
+                }
+                // FNV-1a: stable, cheap, spreads tokens over the pool.
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in token.bytes() {
+                    h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                }
+                &clients[(h % clients.len() as u64) as usize]
+            }
+        }
+    }
+}
+
+/// A locker's settings, validated by its builder.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) prefix: String,
+    pub(crate) command_timeout: Duration,
+    /// The lease of a short grant: how long Redis keeps a lock handed to a waiter whose
+    /// process was not seen lately, until that waiter confirms it.
+    pub(crate) claim_window: Duration,
+    /// A waiter's process seen on the key this recently gets its full TTL in the grant.
+    pub(crate) presence_window: Duration,
+    /// How long the fence counter, the queue and the process records outlive their last use.
+    pub(crate) retention: Duration,
+    /// Replicas that must acknowledge every acquisition and refresh (`WAIT`), and how long to
+    /// wait for them.
+    pub(crate) replicas: Option<(u32, Duration)>,
 }
 
 /// What a locker is made of, shared by its clones, its guards and their background tasks.
@@ -46,10 +87,10 @@ pub(crate) struct Engine {
     pub(crate) backend: Backend,
     pub(crate) prefix: String,
     pub(crate) command_timeout: Duration,
-    /// How long a granted lock stays in Redis before its new holder confirms it.
+    /// See [`Settings`].
     pub(crate) claim_window: Duration,
-    /// Replicas that must acknowledge every acquisition and refresh (`WAIT`), and how long to
-    /// wait for them.
+    pub(crate) presence_window: Duration,
+    pub(crate) retention: Duration,
     pub(crate) replicas: Option<(u32, Duration)>,
     pub(crate) tasks: Arc<TaskCounter>,
     /// Outcomes and wait times, for `stats()`.
@@ -64,18 +105,15 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(
-        backend: Backend,
-        prefix: String,
-        command_timeout: Duration,
-        claim_window: Duration,
-    ) -> Engine {
+    pub(crate) fn new(backend: Backend, s: Settings) -> Engine {
         Engine {
             backend,
-            prefix,
-            command_timeout,
-            claim_window,
-            replicas: None,
+            prefix: s.prefix,
+            command_timeout: s.command_timeout,
+            claim_window: s.claim_window,
+            presence_window: s.presence_window,
+            retention: s.retention,
+            replicas: s.replicas,
             tasks: Arc::default(),
             meter: Meter::default(),
             switched: tokio::sync::broadcast::Sender::new(4),
@@ -101,9 +139,4 @@ impl Drop for Engine {
             t.abort();
         }
     }
-}
-
-/// A fresh random lock token.
-pub(crate) fn new_token() -> String {
-    uuid::Uuid::new_v4().to_string()
 }

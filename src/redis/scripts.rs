@@ -1,10 +1,12 @@
 //! The Lua scripts, how they are called, and what their replies mean.
 //!
 //! Every script shares one prelude (`lua/common.lua`: names, value formats, the fence, the
-//! grant) and the same `KEYS` (lock, fence, queue) and `ARGV` (token, ttl ms, fence-counter ttl
-//! ms, claim window ms, queue member, flag), so any call can be read the same way in `MONITOR`.
-//! `docs/design.md` explains the protocol.
+//! grant) and the same `KEYS` (lock, fence, queue, processes) and `ARGV` (token, ttl ms,
+//! retention ms, claim window ms, presence window ms, queue member, hub, flag, fence), so any
+//! call can be read the same way in `MONITOR`. `docs/design.md` explains the protocol;
+//! `super::protocol` names the formats.
 
+use super::protocol::{reply, LeaveFlag};
 use super::{Client, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Names;
@@ -30,43 +32,55 @@ pub(crate) const LEAVE: &str = lua!("lua/leave.lua");
 /// Status: read only.
 pub(crate) const STATUS: &str = lua!("lua/status.lua");
 
-/// The fence counter outlives any lock by this much (or by the TTL when longer); after that it
-/// expires and the `TIME` floor keeps fences growing.
-const FENCE_COUNTER_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-
 /// What an acquire attempt learned.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Attempt {
     /// We hold it now, with this fence.
     Acquired { fence: u64 },
-    /// The lock had been granted to this token while it waited; the attempt confirmed it.
+    /// A short grant to this token was waiting for it; the attempt confirmed it.
     Granted { fence: u64 },
-    /// This token held it already (a re-sent script, or a fixed token used twice).
+    /// This token held it already (a re-sent script, a grant whose message was lost, or a
+    /// fixed token used twice).
     AlreadyHeld {
         fence: u64,
         remaining: Option<Duration>,
     },
-    /// Another token holds it; `queued` when our member is in the queue now; `deaf` when it is
-    /// but Redis has no subscription on our grant channel (it dropped it: a slot moved);
-    /// `fence`: the latest fence when the attempt ran (0 when not queued).
+    /// Another token holds it; `queued` when our member is in the queue now.
     Locked {
         remaining: Option<Duration>,
-        queued: bool,
-        deaf: bool,
-        fence: u64,
+        queued: Option<Queued>,
     },
 }
 
-/// What leaving the queue did.
+/// What a queueing attempt learned about the queue.
 #[derive(Debug, Clone, Copy)]
+pub(crate) struct Queued {
+    /// Redis has no subscription on our grant channel (it dropped it: a Cluster slot moved).
+    pub(crate) deaf: bool,
+    /// The latest fence when the attempt ran: only a grant with a higher one is new.
+    pub(crate) fence: u64,
+    /// Our place in the queue (0: first, the one that watches the holder's lease).
+    pub(crate) rank: u64,
+    /// Redis' clock when the attempt ran (microseconds).
+    pub(crate) redis_us: u64,
+}
+
+/// What an extend did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extended {
+    /// The token does not hold the lock.
+    NotHeld,
+    /// The TTL is set again.
+    Renewed,
+    /// A short grant to the token is confirmed (full TTL); the fence of the hold.
+    Confirmed { fence: u64 },
+}
+
+/// What leaving the queue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Left {
-    /// Nothing held by the token (it was queued or not).
+    /// Nothing given back (the token held nothing, or a newer grant than the orphan's).
     Nothing,
-    /// The token holds the lock and keeps it (a grant, confirmed now).
-    Kept {
-        fence: u64,
-        remaining: Option<Duration>,
-    },
     /// The token held the lock and gave it back (handed on, or deleted).
     GaveBack,
 }
@@ -141,42 +155,81 @@ fn unexpected(names: &Names, op: &'static str, reply: &[i64]) -> Error {
     }
 }
 
-/// One script call's arguments (`ARGV` is the same for every script).
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+/// One script call's arguments (`ARGV` is the same for every script; see `lua/common.lua`).
 pub(crate) struct Call<'a> {
     pub(crate) names: &'a Names,
     pub(crate) token: &'a str,
     pub(crate) ttl_ms: u64,
-    /// The queue member ("<hub> <ttl ms> <token>"), empty when the caller does not queue.
+    /// The queue member (see [`protocol::member`]), empty when the caller does not queue.
     pub(crate) member: &'a str,
-    pub(crate) flag: &'static str,
+    /// The calling process's id (a pub/sub locker's), empty for others.
+    pub(crate) hub: &'a str,
+    pub(crate) leave: Option<LeaveFlag>,
+}
+
+impl<'a> Call<'a> {
+    /// A call for `token` on `names` with no TTL, no queueing and no hub.
+    pub(crate) fn new(names: &'a Names, token: &'a str) -> Call<'a> {
+        Call {
+            names,
+            token,
+            ttl_ms: 1,
+            member: "",
+            hub: "",
+            leave: None,
+        }
+    }
+}
+
+/// How a script is sent: by its SHA (loaded again on NOSCRIPT), or with its text (clean-up
+/// that must run in order with what was sent before it on the same client: a NOSCRIPT retry
+/// would go behind later commands).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    Sha,
+    Text,
 }
 
 impl Engine {
     fn argv(&self, c: &Call<'_>) -> Vec<String> {
-        let fence_ttl = (FENCE_COUNTER_TTL.as_millis() as u64).max(c.ttl_ms);
+        let retention = ms(self.retention).max(c.ttl_ms);
+        let (flag, fence) = c.leave.map(LeaveFlag::args).unwrap_or(("", String::new()));
         vec![
             c.token.to_owned(),
             c.ttl_ms.to_string(),
-            fence_ttl.to_string(),
-            (self.claim_window.as_millis() as u64).max(1).to_string(),
+            retention.to_string(),
+            ms(self.claim_window).to_string(),
+            ms(self.presence_window).to_string(),
             c.member.to_owned(),
-            c.flag.to_owned(),
+            c.hub.to_owned(),
+            flag.to_owned(),
+            fence,
         ]
     }
 
-    /// EVALSHA, bounded by `limit`: loads the script on NOSCRIPT (after SCRIPT FLUSH, a Redis
-    /// restart or a failover; on a cluster, on every primary) and runs it again; retries
-    /// `TRYAGAIN` (a slot split by a migration) and `CLUSTERDOWN` until the limit. Neither
-    /// error means the script ran. fred follows MOVED and ASK itself.
+    /// EVALSHA (or EVAL), bounded by `limit`: loads the script on NOSCRIPT (after SCRIPT
+    /// FLUSH, a Redis restart or a failover; on a cluster, on every primary) and runs it again;
+    /// retries `TRYAGAIN` (a slot split by a migration) and `CLUSTERDOWN` until the limit.
+    /// Neither error means the script ran. fred follows MOVED and ASK itself.
     async fn eval(
         &self,
         client: &Client,
         lua: &Lua,
         c: &Call<'_>,
         limit: Duration,
+        how: Via,
     ) -> Result<Vec<i64>> {
         let (script, op, names) = (&lua.script, lua.op, c.names);
-        let keys = vec![names.lock.clone(), names.fence(), names.queue()];
+        let keys = vec![
+            names.lock.clone(),
+            names.fence(),
+            names.queue(),
+            names.processes(),
+        ];
         let args = self.argv(c);
         // Boxed: fred's call state is several KiB, and an unboxed future would make every
         // future that awaits it (a waiter, a task holding a guard until `release`) that large
@@ -184,10 +237,24 @@ impl Engine {
         let call = Box::pin(async {
             let mut loaded = false;
             loop {
-                match client
-                    .evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
-                    .await
-                {
+                let sent = match how {
+                    Via::Sha => {
+                        client
+                            .evalsha::<Vec<i64>, _, _, _>(
+                                script.sha1().clone(),
+                                keys.clone(),
+                                args.clone(),
+                            )
+                            .await
+                    }
+                    Via::Text => {
+                        let text = script.lua().cloned().unwrap_or_default();
+                        client
+                            .eval::<Vec<i64>, _, _, _>(text, keys.clone(), args.clone())
+                            .await
+                    }
+                };
+                match sent {
                     Err(e) if e.details().starts_with("NOSCRIPT") && !loaded => {
                         let text = script.lua().cloned().unwrap_or_default();
                         if client.is_clustered() {
@@ -234,58 +301,78 @@ impl Engine {
         }
     }
 
-    /// One acquire attempt on `client` (queueing `c.member` when it is not empty).
+    /// One acquire attempt on `client` (queueing `c.member` when it is not empty). When the
+    /// script answers "continue" (the lock was free with only departed waiters at the head of
+    /// the queue, and the call now holds it only to pass it on), it releases until the queue
+    /// is served, then tries again.
     pub(crate) async fn attempt_on(
         &self,
         client: &Client,
         c: &Call<'_>,
         limit: Duration,
     ) -> Result<Attempt> {
-        let reply = self.eval(client, &self.scripts.acquire, c, limit).await?;
-        Ok(match reply.as_slice() {
-            [0, _, fence] => Attempt::Acquired {
-                fence: *fence as u64,
-            },
-            [3, _, fence] => Attempt::Granted {
-                fence: *fence as u64,
-            },
-            [1, pttl, fence] => Attempt::AlreadyHeld {
-                fence: *fence as u64,
-                remaining: remaining(*pttl),
-            },
-            [2, pttl, queued, rest @ ..] => Attempt::Locked {
-                remaining: remaining(*pttl),
-                queued: *queued == 1,
-                deaf: *queued == 1 && rest.first() == Some(&0),
-                fence: rest.get(1).copied().unwrap_or(0).max(0) as u64,
-            },
-            other => return Err(unexpected(c.names, "acquire", other)),
-        })
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = self
+                .eval(client, &self.scripts.acquire, c, left, Via::Sha)
+                .await?;
+            return Ok(match reply.as_slice() {
+                [reply::ACQUIRED, _, fence] => Attempt::Acquired {
+                    fence: *fence as u64,
+                },
+                [reply::GRANT_CONFIRMED, _, fence] => Attempt::Granted {
+                    fence: *fence as u64,
+                },
+                [reply::HELD_BY_CALLER, pttl, fence] => Attempt::AlreadyHeld {
+                    fence: *fence as u64,
+                    remaining: remaining(*pttl),
+                },
+                [reply::HELD, pttl, 0] => Attempt::Locked {
+                    remaining: remaining(*pttl),
+                    queued: None,
+                },
+                [reply::HELD, pttl, 1, listening, fence, rank, now] => Attempt::Locked {
+                    remaining: remaining(*pttl),
+                    queued: Some(Queued {
+                        deaf: *listening == 0,
+                        fence: (*fence).max(0) as u64,
+                        rank: (*rank).max(0) as u64,
+                        redis_us: (*now).max(0) as u64,
+                    }),
+                },
+                [reply::CONTINUE] => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    self.release_on(client, c.names, c.token, c.hub, left)
+                        .await?;
+                    continue;
+                }
+                other => return Err(unexpected(c.names, "acquire", other)),
+            });
+        }
     }
 
-    /// Resets the TTL if `token` holds the key (confirming a grant). `Ok(false)`: not held.
-    /// Idempotent, so cancel safe. With required replicas, a write that too few acknowledged
-    /// gives `Error::NotReplicated` (the lock is left as it is: the holder decides).
-    pub(crate) async fn extend(
+    /// Sets the TTL again if `token` holds the key (confirming a short grant). Idempotent, so
+    /// cancel safe. With required replicas, a write that too few acknowledged gives
+    /// `Error::NotReplicated` (the lock is left as it is: the holder decides).
+    pub(crate) async fn extend_on(
         &self,
-        names: &Names,
-        token: &str,
-        ttl_ms: u64,
+        client: &Client,
+        c: &Call<'_>,
         limit: Duration,
-    ) -> Result<bool> {
-        let c = Call {
-            names,
-            token,
-            ttl_ms,
-            member: "",
-            flag: "",
+    ) -> Result<Extended> {
+        let reply = self
+            .eval(client, &self.scripts.extend, c, limit, Via::Sha)
+            .await?;
+        let extended = match reply.as_slice() {
+            [reply::NOT_HELD] => return Ok(Extended::NotHeld),
+            [reply::DONE] => Extended::Renewed,
+            [reply::DONE, fence] => Extended::Confirmed {
+                fence: *fence as u64,
+            },
+            other => return Err(unexpected(c.names, "extend", other)),
         };
-        let client = self.backend.next_client();
-        let reply = self.eval(client, &self.scripts.extend, &c, limit).await?;
-        let extended = reply.first() == Some(&1);
-        if extended {
-            self.replicated(client, names).await?;
-        }
+        self.replicated(client, c.names).await?;
         Ok(extended)
     }
 
@@ -326,63 +413,84 @@ impl Engine {
     }
 
     /// Releases the lock if `token` holds it: handed to the oldest live waiter, or deleted.
+    /// A release that finds only departed waiters at the head of a long queue drops them in
+    /// bounded steps (calling again while the script says "continue").
     pub(crate) async fn release_on(
         &self,
         client: &Client,
         names: &Names,
         token: &str,
+        hub: &str,
         limit: Duration,
     ) -> Result<Released> {
-        let c = Call {
-            names,
-            token,
-            ttl_ms: 1,
-            member: "",
-            flag: "",
-        };
-        let reply = self.eval(client, &self.scripts.release, &c, limit).await?;
-        Ok(match reply.first() {
-            Some(1) => Released::Deleted,
-            Some(2) => Released::HandedOver,
-            _ => Released::NotHeld,
-        })
+        self.release_with(client, names, token, hub, limit, Via::Sha)
+            .await
     }
 
-    /// Takes `c.member` out of the queue; then, by `c.flag`, keeps or gives back what the
-    /// token holds (see `lua/leave.lua`).
+    pub(crate) async fn release_with(
+        &self,
+        client: &Client,
+        names: &Names,
+        token: &str,
+        hub: &str,
+        limit: Duration,
+        how: Via,
+    ) -> Result<Released> {
+        let c = Call {
+            hub,
+            ..Call::new(names, token)
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply = self
+                .eval(client, &self.scripts.release, &c, left, how)
+                .await?;
+            return Ok(match reply.first().copied() {
+                Some(reply::DONE) => Released::Deleted,
+                Some(reply::HANDED_OVER) => Released::HandedOver,
+                Some(reply::CONTINUE) => continue,
+                _ => Released::NotHeld,
+            });
+        }
+    }
+
+    /// Takes `c.member` out of the queue; then, by `c.leave`, gives back what the token holds
+    /// (see `lua/leave.lua`).
     pub(crate) async fn leave_on(
         &self,
         client: &Client,
         c: &Call<'_>,
         limit: Duration,
+        how: Via,
     ) -> Result<Left> {
-        let reply = self.eval(client, &self.scripts.leave, c, limit).await?;
+        let deadline = Instant::now() + limit;
+        let reply = self
+            .eval(client, &self.scripts.leave, c, limit, how)
+            .await?;
         Ok(match reply.as_slice() {
-            [0, ..] => Left::Nothing,
-            [1, pttl, fence] => Left::Kept {
-                fence: *fence as u64,
-                remaining: remaining(*pttl),
-            },
-            [2, ..] => Left::GaveBack,
+            [reply::NOT_HELD] => Left::Nothing,
+            [reply::HANDED_OVER] => Left::GaveBack,
+            [reply::CONTINUE] => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.release_with(client, c.names, c.token, c.hub, left, how)
+                    .await?;
+                Left::GaveBack
+            }
             other => return Err(unexpected(c.names, "leave queue", other)),
         })
     }
 
     /// The lock's state, read in one script call.
     pub(crate) async fn status(&self, names: &Names) -> Result<RawStatus> {
-        let c = Call {
-            names,
-            token: "-",
-            ttl_ms: 1,
-            member: "",
-            flag: "",
-        };
+        let c = Call::new(names, "-");
         let reply = self
             .eval(
                 self.backend.next_client(),
                 &self.scripts.status,
                 &c,
                 self.command_timeout,
+                Via::Sha,
             )
             .await?;
         match reply.as_slice() {
@@ -395,14 +503,4 @@ impl Engine {
             other => Err(unexpected(names, "status", other)),
         }
     }
-}
-
-/// When the last command that Redis ran before the lock's PX started was *sent*, plus that PX,
-/// minus a drift margin: the last instant the holder may assume no one else can hold the lock.
-///
-/// The margin is 1% of the PX plus 2 ms (as Redlock's clock-drift factor): Redis' expiry clock
-/// and ours can run at slightly different rates, and timers on a busy host fire late.
-pub(crate) fn validity_deadline(sent_at: Instant, px: Duration) -> Instant {
-    let margin = px / 100 + Duration::from_millis(2);
-    sent_at + px.saturating_sub(margin)
 }

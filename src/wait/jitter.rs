@@ -8,6 +8,12 @@
 use backoff::backoff::Backoff as _;
 use std::time::Duration;
 
+/// A uniform sample in `[0, 1)`, from the operating system's random source (via a UUID v4):
+/// timers that must not fire together are spread with it.
+pub(crate) fn unit() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() % 1_000_000) as f64 / 1_000_000.0
+}
+
 /// An endless sequence of full-jitter delays.
 pub(crate) struct Delays(backoff::ExponentialBackoff);
 

@@ -1,21 +1,21 @@
 //! Waiting for a lock: one engine, two strategies.
 //!
 //! What both lockers share lives here once: the validated request, the deadline, the time
-//! limit of each attempt, how an attempt's outcome is classified, the give-up rule, and
-//! "wait 0 means try once". The strategies differ only in what a waiter does between
-//! attempts: [`poll`] sleeps a backoff delay; [`notify`] queues in Redis and is handed the lock
-//! by the release (see `notify`'s docs).
+//! limit of each attempt, how an attempt's outcome is classified, the give-up rule, "wait 0
+//! means try once", and the lease at return. The strategies differ only in what a waiter does
+//! between attempts: [`poll`] sleeps a backoff delay; [`notify`] queues in Redis and is handed
+//! the lock by the release (see `notify`'s docs).
 
-mod jitter;
+pub(crate) mod jitter;
 pub(crate) mod notify;
 
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
-use crate::hold::lease::Hold;
+use crate::hold::lease::{margin, Hold};
 use crate::keys::Names;
 use crate::options::{LockOptions, Plan};
 use crate::redis::scripts::Call;
-use crate::redis::{new_token, Attempt, Engine, ResidueGuard};
+use crate::redis::{Attempt, Engine, Extended, Queued, ResidueGuard};
 use fred::clients::Client;
 use jitter::Delays;
 use std::sync::Arc;
@@ -26,6 +26,11 @@ use tokio::time::Instant;
 /// does not, the wait ends with `WaitTimeout` (Redis was answering; the deadline came first).
 const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(5);
 
+/// A fresh random lock token.
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 /// One acquisition request, validated.
 pub(crate) struct Request {
     pub(crate) names: Names,
@@ -33,10 +38,17 @@ pub(crate) struct Request {
     /// The token was generated for this call (only this call knows it).
     pub(crate) own_token: bool,
     pub(crate) plan: Plan,
+    /// The waiting process's id (a pub/sub locker's hub), empty for a polling locker.
+    pub(crate) hub: String,
 }
 
 impl Request {
-    pub(crate) fn new(engine: &Engine, key: &str, opts: &LockOptions) -> Result<Request> {
+    pub(crate) fn new(
+        engine: &Engine,
+        key: &str,
+        opts: &LockOptions,
+        hub: &str,
+    ) -> Result<Request> {
         let plan = opts.validate(key)?;
         let names = engine.names(key)?;
         let (token, own_token) = match opts.token() {
@@ -48,20 +60,91 @@ impl Request {
             token,
             own_token,
             plan,
+            hub: hub.to_owned(),
         })
+    }
+
+    /// The client every call of this request goes through (see `Backend::client_for`).
+    pub(crate) fn client<'e>(&self, engine: &'e Engine) -> &'e Client {
+        engine.backend.client_for(&self.token)
     }
 
     /// A guard for a lock this request now holds.
     pub(crate) fn guard(&self, engine: &Arc<Engine>, hold: Hold) -> LockGuard {
-        tracing::debug!(key = %self.names.key, fence = hold.fence, confirmed = hold.confirmed, "acquired");
+        tracing::debug!(key = %self.names.key, fence = hold.fence, "acquired");
         LockGuard::new(
             Arc::clone(engine),
             self.names.clone(),
             self.token.clone(),
+            self.hub.clone(),
             self.plan.ttl(),
             self.plan.refresh_ratio,
             hold,
         )
+    }
+
+    /// The request's guard for `hold`, after making sure the lease is the whole TTL asked for
+    /// (less the drift margin and the reply's or the grant's delivery, at most another
+    /// margin): a shorter one (a lock found held by our token since earlier) is extended first,
+    /// one round trip. With required replicas, the lease counts only once enough replicas
+    /// acknowledged a write of ours (the grant was written by another client): then it is
+    /// always extended and waited for. `None`: the token no longer holds the lock.
+    pub(crate) async fn full_lease(
+        &self,
+        engine: &Arc<Engine>,
+        client: &Client,
+        hold: Hold,
+        written_by_us: bool,
+    ) -> Result<Option<LockGuard>> {
+        let ttl = self.plan.ttl();
+        let enough = Instant::now() + ttl.saturating_sub(margin(ttl) * 2);
+        if hold.valid_until >= enough && (written_by_us || engine.replicas.is_none()) {
+            if written_by_us && engine.replicas.is_some() {
+                if let Err(e) = engine.replicated(client, &self.names).await {
+                    self.give_back(engine, client).await;
+                    return Err(e);
+                }
+            }
+            return Ok(Some(self.guard(engine, hold)));
+        }
+        let call = Call {
+            ttl_ms: self.plan.ttl_ms,
+            hub: &self.hub,
+            ..Call::new(&self.names, &self.token)
+        };
+        let sent_at = Instant::now();
+        match engine
+            .extend_on(client, &call, engine.command_timeout)
+            .await
+        {
+            Ok(Extended::NotHeld) => Ok(None),
+            Ok(Extended::Renewed) => Ok(Some(
+                self.guard(engine, Hold::sent(hold.fence, sent_at, ttl)),
+            )),
+            // The fence of the hold, as Redis has it now.
+            Ok(Extended::Confirmed { fence }) => {
+                Ok(Some(self.guard(engine, Hold::sent(fence, sent_at, ttl))))
+            }
+            Err(e @ Error::NotReplicated { .. }) => {
+                self.give_back(engine, client).await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases a lock the request will not return (now, not in the background: the caller
+    /// learns of a lock that is gone, not of one that lingers).
+    async fn give_back(&self, engine: &Arc<Engine>, client: &Client) {
+        let _ = engine
+            .release_on(
+                client,
+                &self.names,
+                &self.token,
+                &self.hub,
+                engine.command_timeout,
+            )
+            .await;
     }
 }
 
@@ -72,11 +155,7 @@ pub(crate) enum Step {
     /// sent at `sent_at` (which Redis therefore ran before any grant to us).
     Held {
         remaining: Option<Duration>,
-        queued: bool,
-        /// Queued, but Redis has no subscription for our grants (see `Attempt::Locked`).
-        deaf: bool,
-        /// The latest fence when the attempt ran: only a grant with a higher one is new.
-        fence: u64,
+        queued: Option<Queued>,
         sent_at: Instant,
     },
     /// A connection error or timeout; worth retrying until the deadline.
@@ -128,7 +207,7 @@ impl Waiting {
         }
     }
 
-    /// One attempt on `client`, queueing `member` unless it is empty, classified.
+    /// One attempt on the request's client, queueing `member` unless it is empty, classified.
     ///
     /// Errors that retrying cannot fix (bad key, wrong type, a fixed token that already holds
     /// the lock) are returned; connection errors and timeouts give `Step::Failed` and are
@@ -142,65 +221,49 @@ impl Waiting {
     ) -> Result<Step> {
         let sent_at = Instant::now();
         let (limit, cut) = self.limit(engine, sent_at);
+        let first = self.attempts == 0;
         self.attempts += 1;
         let call = Call {
-            names: &req.names,
-            token: &req.token,
             ttl_ms: req.plan.ttl_ms,
             member,
-            flag: "",
+            hub: if member.is_empty() { "" } else { &req.hub },
+            ..Call::new(&req.names, &req.token)
         };
-        // A queued waiter's own residue guard gives back whatever this attempt may take; an
-        // unqueued attempt with a generated token releases it if the outcome is unknown.
+        // An attempt whose outcome is unknown (dropped, or timed out: it may still run) gives
+        // back whatever it may take, in order before the request's next call. A queued
+        // waiter's own residue does that for its attempts.
         let mut residue = ResidueGuard {
             engine,
-            client,
             names: &req.names,
             token: &req.token,
-            armed: req.own_token && member.is_empty(),
+            armed: member.is_empty(),
         };
         let reply = engine.attempt_on(client, &call, limit).await;
         residue.armed &= matches!(&reply, Err(e) if e.is_transient());
         let ttl = req.plan.ttl();
-        let held = |fence, px| {
-            Step::Won(req.guard(
-                engine,
-                Hold {
-                    fence,
-                    sent_at,
-                    px,
-                    confirmed: true,
-                },
-            ))
-        };
-        match reply {
-            Ok(Attempt::Acquired { fence } | Attempt::Granted { fence }) => {
-                let step = held(fence, ttl);
-                self.replicated(engine, req, client, step).await
+        let step = match reply {
+            Ok(Attempt::Acquired { fence }) => Hold::sent(fence, sent_at, ttl),
+            // A grant of ours (its message was lost, or crossed this check), or our own
+            // attempt sent twice by fred. Only the first attempt of a fixed token can find a
+            // hold made before this request: every later hold of the token is this request's
+            // (an attempt with an unknown outcome gave back what it took before the next one).
+            Ok(Attempt::Granted { fence }) => Hold::sent(fence, sent_at, ttl),
+            Ok(Attempt::AlreadyHeld { fence, remaining }) if req.own_token || !first => {
+                Hold::sent(fence, sent_at, remaining.unwrap_or(ttl))
             }
-            // Our own fresh token can only be there because fred re-sent the script.
-            Ok(Attempt::AlreadyHeld { fence, remaining }) if req.own_token => {
-                let step = held(fence, remaining.unwrap_or(ttl));
-                self.replicated(engine, req, client, step).await
+            Ok(Attempt::AlreadyHeld { remaining, .. }) => {
+                return Err(Error::AlreadyHeld {
+                    key: req.names.key.clone(),
+                    remaining_ttl: remaining,
+                })
             }
-            Ok(Attempt::AlreadyHeld { remaining, .. }) => Err(Error::AlreadyHeld {
-                key: req.names.key.clone(),
-                remaining_ttl: remaining,
-            }),
-            Ok(Attempt::Locked {
-                remaining,
-                queued,
-                deaf,
-                fence,
-            }) => {
+            Ok(Attempt::Locked { remaining, queued }) => {
                 self.last_error = None;
-                Ok(Step::Held {
+                return Ok(Step::Held {
                     remaining,
                     queued,
-                    deaf,
-                    fence,
                     sent_at,
-                })
+                });
             }
             Err(e) if e.is_transient() && !self.wait.is_zero() => {
                 // A timeout that only the wait deadline caused says nothing about Redis: the
@@ -208,35 +271,14 @@ impl Waiting {
                 if !(cut && matches!(e, Error::Timeout { .. })) {
                     self.last_error = Some(e);
                 }
-                Ok(Step::Failed)
+                return Ok(Step::Failed);
             }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// With required replicas, a lock just taken counts only once enough replicas acknowledged
-    /// it (`WAIT` on the client that took it); otherwise it is released and the attempt fails
-    /// with `Error::NotReplicated`.
-    async fn replicated(
-        &mut self,
-        engine: &Arc<Engine>,
-        req: &Request,
-        client: &Client,
-        step: Step,
-    ) -> Result<Step> {
-        if engine.replicas.is_none() {
-            return Ok(step);
-        }
-        match engine.replicated(client, &req.names).await {
-            Ok(()) => Ok(step),
-            Err(e) => {
-                if let Step::Won(guard) = step {
-                    // Released now (not in the background): the caller learns of a lock that
-                    // is gone, not of one that lingers.
-                    let _ = guard.release().await;
-                }
-                Err(e)
-            }
+            Err(e) => return Err(e),
+        };
+        match req.full_lease(engine, client, step, true).await? {
+            Some(g) => Ok(Step::Won(g)),
+            // Held by our token a moment ago, gone now (it expired): try again.
+            None => Ok(Step::Failed),
         }
     }
 
@@ -274,7 +316,7 @@ pub(crate) async fn once(engine: &Arc<Engine>, req: &Request) -> Result<LockGuar
         wait: Duration::ZERO,
         ..req.plan
     });
-    let client = engine.backend.next_client().clone();
+    let client = req.client(engine).clone();
     match Box::pin(w.attempt(engine, req, &client, "")).await? {
         Step::Won(g) => Ok(g),
         Step::Held { remaining, .. } => Err(Error::Locked {
@@ -291,8 +333,8 @@ pub(crate) async fn poll(engine: &Arc<Engine>, req: &Request) -> Result<LockGuar
         return once(engine, req).await;
     }
     let mut w = Waiting::new(&req.plan);
+    let client = req.client(engine).clone();
     loop {
-        let client = engine.backend.next_client().clone();
         // Boxed: the attempt's state (~0.9 KiB) would otherwise stay in the future while it
         // sleeps, for every waiter.
         let remaining = match Box::pin(w.attempt(engine, req, &client, "")).await? {

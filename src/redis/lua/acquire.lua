@@ -1,39 +1,53 @@
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
--- Reply: {0, ttl, fence} acquired; {1, pttl, fence} this token holds it already (a grant it had
--- not read yet is confirmed here and answered {3, ttl, fence}); {2, pttl, 0} another token holds
--- it (pttl -1: no expiry); {2, pttl, 1, listening, fence} the same, and MEMBER is queued;
+-- Reply: {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
+-- {1, pttl, fence} this token holds it already; {2, pttl, 0} another token holds it (pttl -1:
+-- no expiry); {2, pttl, 1, listening, fence, rank, time} the same, and MEMBER is queued:
 -- listening 0 says nobody listens on its process's grant channel (Redis dropped the
--- subscription, e.g. when a Cluster slot moved): grants cannot reach it until it subscribes
--- again; fence is the latest fence now: a grant message with a fence not above it was
--- published before this call (a grant that lapsed) and must not be used.
-local lock, fkey = KEYS[1], KEYS[2]
-local cur = redis.call('SET', lock, 'p' .. TOKEN, 'NX', 'PX', TTL, 'GET')
+-- subscription, e.g. when a Cluster slot moved), fence is the latest fence now (a grant
+-- message with a fence not above it was published before this call and must not be used),
+-- rank its place in the queue (0: first), time Redis' clock in microseconds; {4} the lock was
+-- free with only departed waiters at the head of the queue: it is the caller's only to pass
+-- on (call release until it says something else, then try again).
+local lock = KEYS[1]
+local cur = redis.call('SET', lock, TAKEN .. TOKEN, 'NX', 'PX', TTL, 'GET')
 if not cur then
-  local f, old = next_fence(fkey, FTTL, false, nil)
+  local ok, f, old = pcall(next_fence, false, nil)
+  if not ok then
+    -- WRONGTYPE on the fence key: leave nothing behind.
+    redis.call('DEL', lock)
+    return redis.error_reply(tostring(f.err or f))
+  end
   local _, queued, pending = fence_parse(old)
   if not queued then return {0, tonumber(TTL), f} end
-  -- Waiters may be queued: they come first. A grant that lapsed unconfirmed means its process
-  -- is frozen or gone: its other waiters go too (unless the caller is of that process).
+  -- Waiters may be queued: they come first. A short grant that lapsed unconfirmed means its
+  -- process is frozen or gone: its waiters are skipped until it calls again.
   local L = slow()
-  if pending and string.match(MEMBER, '^(%S+)') ~= pending then L.purge(pending) end
-  local got, px = L.grant_next(MEMBER)
-  if got == 'self' or not got then
+  if pending and pending ~= HUB then L.lapse(pending) end
+  L.seen(HUB)
+  local got, px = L.serve(MEMBER)
+  if got == 'self' or got == 'empty' then
     local more = redis.call('ZCARD', KEYS[3]) > 0
-    if more then redis.call('SETRANGE', lock, 0, 'q') end
-    L.fence_flags(fkey, more, nil)
+    if more then
+      redis.call('SETRANGE', lock, 0, QUEUED)
+    else
+      redis.call('DEL', KEYS[4])
+    end
+    L.fence_flags(more, nil)
     return {0, tonumber(TTL), f}
   end
+  if got == 'more' then
+    redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
+    L.fence_flags(true, nil)
+    return {4}
+  end
   if MEMBER == '' then return {2, px, 0} end
-  local listening = L.enqueue()
-  return {2, px, 1, listening, (fence_parse(redis.call('GET', fkey)))}
+  return L.enqueue(px)
 end
-local state, holder = string.sub(cur, 1, 1), string.sub(cur, 2)
-if holder == TOKEN then
-  if state == 'g' then return {3, tonumber(TTL), slow().confirm_grant()} end
-  return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', fkey)))}
+if holder_of(cur) == TOKEN then
+  if state_of(cur) == GRANTED then return {3, tonumber(TTL), slow().confirm_grant()} end
+  return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', KEYS[2])))}
 end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then return {2, pttl, 0} end
-if state == 'p' then redis.call('SETRANGE', lock, 0, 'q') end
-local listening = slow().enqueue()
-return {2, pttl, 1, listening, (fence_parse(redis.call('GET', fkey)))}
+if state_of(cur) == TAKEN then redis.call('SETRANGE', lock, 0, QUEUED) end
+return slow().enqueue(pttl)

@@ -1,26 +1,51 @@
--- Shared by every waitlock script (prepended to each; Redis runs each script on its own).
+-- waitlock protocol, format 2. Prepended to every script (Redis runs each script on its own).
+-- src/redis/protocol.rs is the Rust side of every format named here; tests/scripts.rs drives
+-- each transition; tests/model.rs mirrors each script as one atomic step. Change them together.
 --
--- Names: KEYS[1] lock, KEYS[2] fence, KEYS[3] queue; a waiter's grant channel is
--- KEYS[1] .. ':w:' .. hub (same hash tag, so the same Cluster slot).
+-- Version rule: formats only grow. A reader ignores what it does not know (a message with an
+-- unknown tag, an unknown state letter is read as "held"); a new meaning gets a new tag or
+-- letter, never an old one reused. Scripts of older versions may run against the same keys
+-- during a rolling upgrade: they must never make a guard believe in a lease Redis did not give
+-- (at worst a waiter is served late).
+--
+-- Names: KEYS[1] lock, KEYS[2] fence, KEYS[3] queue, KEYS[4] processes; a process's grant
+-- channel is KEYS[1] .. ':w:' .. hub (same hash tag, so the same Cluster slot).
 -- Lock value: one state letter, then the holder's token:
---   'p' nobody was queued when it was taken (release may just DEL it),
---   'q' waiters may be queued (release serves the queue),
---   'g' handed over by a grant and not yet confirmed by its new holder (PX = claim window).
+--   'p' taken while nobody was queued (release may just DEL it),
+--   'q' held, waiters may be queued (release serves the queue),
+--   'g' handed by a short grant (PX = claim window) that its new holder has not confirmed yet:
+--       its process had not been seen lately, so its waiter confirms (extends) it before using it.
 -- Fence value: "<fence>", "<fence> q" (waiters may be queued) or "<fence> q <hub>" (the last
--- grant went to a waiter of process <hub> and is not confirmed yet).
+--   grant was a short grant to process <hub> and is not confirmed yet).
 -- Queue: a sorted set; member "<hub> <ttl ms> <token>", score = enqueue time in microseconds.
+-- Processes: a hash; field <hub> = Redis time in ms when that process last called on this key,
+--   or 'x' when its short grant lapsed (it is frozen or gone: its waiters are skipped until it
+--   calls again). Deleted when the queue empties.
+-- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the lock is
+--   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is now the
+--   first waiter to watch the lock: the holder's lease ends in px ms).
 --
--- Every script gets the same ARGV: token, ttl ms, fence counter ttl ms, claim window ms, queue
--- member ('' when the caller does not queue), and one flag of its own.
+-- ARGV (every script): token, ttl ms, retention ms (fence counter, queue, processes), claim
+-- window ms, presence window ms, queue member or '', caller's hub or '', flag, fence or ''.
 
-local TOKEN, TTL, FTTL, CLAIM, MEMBER, FLAG = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local MEMBER, HUB, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
+local TAKEN, QUEUED, GRANTED = 'p', 'q', 'g'
+
+local function state_of(v) return string.sub(v, 1, 1) end
+local function holder_of(v) return string.sub(v, 2) end
+
+local now_cache
 local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not now_cache then
+    local t = redis.call('TIME')
+    now_cache = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now_cache
 end
 
--- Fence number, queued flag, pending grant hub of a fence value.
+-- Fence number, queued flag, pending short-grant hub of a fence value.
 local function fence_parse(v)
   if not v then return 0, false, nil end
   local f, q, hub = string.match(v, '^(%d+) ?(q?) ?(%S*)$')
@@ -38,15 +63,15 @@ local function fence_text(f, queued, hub)
   return s
 end
 
--- Takes the next fence: max(previous + 1, Redis TIME in microseconds). Writes it with the given
--- flags and the counter's TTL; returns the fence and the previous value.
-local function next_fence(fkey, fttl, queued, hub)
+-- Takes the next fence: max(previous + 1, Redis TIME in microseconds), written with the given
+-- hints and the retention. Returns the fence and the previous value.
+local function next_fence(queued, hub)
   local f = now_us()
-  local old = redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', fttl, 'GET')
+  local old = redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', RETAIN, 'GET')
   local prev = fence_parse(old)
   if prev >= f then
     f = prev + 1
-    redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', fttl)
+    redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', RETAIN)
   end
   return f, old
 end
@@ -54,107 +79,193 @@ end
 -- The slow paths' functions, created only when a call needs one (Redis runs the whole script
 -- body on every call, and creating a dozen closures there costs the fast paths ~15%).
 local function slow()
-  -- Rewrites the fence flags, keeping the number and the TTL.
-  local function fence_flags(fkey, queued, hub)
-    local old = redis.call('GET', fkey)
-    local f, q, h = fence_parse(old)
-    if old and q == queued and h == hub then return f end
+  local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  -- A queue scan looks at this many heads at most (bounded script time, however long the
+  -- queue); a release that finds only departed waiters among them says 'continue'.
+  local SCAN = 200
+  local LAPSED = 'x'
+
+  -- Rewrites the fence hints, keeping the number and the TTL. A missing counter is started at
+  -- Redis TIME (never 0: a fence is always above every earlier one). Returns the fence.
+  local function fence_flags(queued, hub, old)
+    if old == nil then old = redis.call('GET', fkey) end
+    local f, q0, h = fence_parse(old)
+    if old and q0 == queued and h == hub then return f end
     if old then
       redis.call('SET', fkey, fence_text(f, queued, hub), 'KEEPTTL')
-    else
-      redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', FTTL)
+      return f
     end
+    f = now_us()
+    redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', RETAIN)
     return f
   end
 
-  -- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its process
-  -- died, or lost its subscriber connection).
-  local function listener(channel)
-    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', channel)
+  local function channel(hub) return lock .. ':w:' .. hub end
+
+  -- How a process listens on its grant channel: 's' sharded, 'c' classic, nil nobody (its
+  -- process died, or lost its subscriber connection).
+  local function listener(hub)
+    local ch = channel(hub)
+    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', ch)
     if type(r) == 'table' and not r.err and tonumber(r[2]) > 0 then return 's' end
-    if tonumber(redis.call('PUBSUB', 'NUMSUB', channel)[2]) > 0 then return 'c' end
+    if tonumber(redis.call('PUBSUB', 'NUMSUB', ch)[2]) > 0 then return 'c' end
     return nil
+  end
+
+  local function publish(how, hub, msg)
+    if how == 's' then
+      redis.call('SPUBLISH', channel(hub), msg)
+    else
+      redis.call('PUBLISH', channel(hub), msg)
+    end
   end
 
   local function split_member(m)
     return string.match(m, '^(%S+) (%d+) (.*)$')
   end
 
-  -- Hands the lock to the oldest live queued waiter other than `self` (a member string or '').
-  -- Dead waiters (nobody listens on their channel) are dropped on the way. Returns 'self' when
-  -- the oldest live waiter is `self` (removed from the queue, nothing written), the granted
-  -- token and its PX when another waiter got it, or nil when no live waiter is queued.
-  local function grant_next(self)
-    local lock, fkey, q = KEYS[1], KEYS[2], KEYS[3]
-    for _ = 1, 1000 do
-      local heads = redis.call('ZRANGE', q, 0, 1)
-      local head = heads[1]
-      if not head then return nil end
-      redis.call('ZREM', q, head)
-      if head == self then return 'self' end
-      local hub, ttl, token = split_member(head)
-      if hub then
-        local channel = lock .. ':w:' .. hub
-        local how = listener(channel)
-        if how then
-          local more = heads[2] ~= nil
-          local px = math.min(tonumber(ttl), CLAIM)
-          local hub_pending = nil
-          if more then hub_pending = hub end
-          local f = next_fence(fkey, FTTL, more, hub_pending)
-          redis.call('SET', lock, 'g' .. token, 'PX', px)
-          local msg = 'g ' .. string.format('%.0f', f) .. ' ' .. token
-          if how == 's' then
-            redis.call('SPUBLISH', channel, msg)
-          else
-            redis.call('PUBLISH', channel, msg)
-          end
-          return token, px
+  -- Process `hub` called on this key now.
+  local function seen(hub)
+    if hub == '' then return end
+    if redis.call('HSET', pkey, hub, math.floor(now_us() / 1000)) == 1 then
+      redis.call('PEXPIRE', pkey, RETAIN)
+    end
+  end
+
+  -- A short grant to `hub` lapsed unconfirmed: its process is frozen or gone.
+  local function lapse(hub)
+    if redis.call('EXISTS', pkey) == 1 then redis.call('HSET', pkey, hub, LAPSED) end
+  end
+
+  -- What a queue scan knows of each process (asked once per call): listening how, and
+  -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
+  -- (nobody listens, or its short grant lapsed).
+  local known = {}
+  local function process(hub)
+    local k = known[hub]
+    if k then return k end
+    k = {}
+    local rec = redis.call('HGET', pkey, hub)
+    k.how = (rec ~= LAPSED) and listener(hub) or nil
+    if not k.how then
+      k.is = 'gone'
+    elseif rec and (now_us() / 1000 - tonumber(rec)) <= PRESENCE then
+      k.is = 'fresh'
+    else
+      k.is = 'stale'
+    end
+    known[hub] = k
+    return k
+  end
+
+  -- Tells the first waiter of each of the next two processes among `heads` (from index
+  -- `from`, at most 16 looked at, skipping process `skip`) that it is now the one to watch the
+  -- lock: the holder's lease ends in `px` ms (0: the lock is free, look now). Two, so that
+  -- one frozen process does not leave the lock unwatched.
+  local function watch(heads, from, skip, px)
+    local told = {}
+    local n = 0
+    for j = from, math.min(#heads, from + 15) do
+      local hub, _, token = split_member(heads[j])
+      if hub and hub ~= skip and not told[hub] then
+        local p = process(hub)
+        if p.is ~= 'gone' then
+          told[hub] = true
+          publish(p.how, hub, 'w2 ' .. px .. ' ' .. token)
+          n = n + 1
+          if n == 2 then return end
         end
       end
     end
-    return nil
   end
 
-  -- Releases a lock held by the caller: serves the queue or deletes the key. 1 deleted, 2 handed
-  -- to a waiter.
-  local function release_held(state)
-    if state ~= 'p' then
-      if grant_next('') then return 2 end
-      fence_flags(KEYS[2], false, nil)
+  -- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
+  -- others. A fresh process gets the waiter's full TTL: its waiter holds the lock when the
+  -- message arrives, with no further step. A stale one gets the claim window (state 'g'): its
+  -- waiter confirms before it uses the lock, and if it does not, the grant lapses. The waiters
+  -- behind are told to watch the new holder's lease (see `watch`). Returns 'self' (the oldest
+  -- live waiter is `self`: removed, nothing written), 'granted' and the PX, 'empty', or 'more'
+  -- (SCAN departed waiters dropped, more to look at: call again).
+  local function serve(self)
+    local heads = redis.call('ZRANGE', q, 0, SCAN - 1)
+    local drop = {}
+    for i, head in ipairs(heads) do
+      drop[#drop + 1] = head
+      if head == self then
+        redis.call('ZREM', q, unpack(drop))
+        return 'self'
+      end
+      local hub, ttl, token = split_member(head)
+      local p = hub and process(hub)
+      if p and p.is ~= 'gone' then
+        redis.call('ZREM', q, unpack(drop))
+        local full = p.is == 'fresh'
+        local px = tonumber(ttl)
+        if not full then px = math.min(px, CLAIM) end
+        local more = redis.call('ZCARD', q) > 0
+        local pending = nil
+        if more and not full then pending = hub end
+        local f = next_fence(more, pending)
+        local state = full and QUEUED or GRANTED
+        redis.call('SET', lock, state .. token, 'PX', px)
+        publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+        watch(heads, i + 1, hub, px)
+        return 'granted', px
+      end
     end
-    redis.call('DEL', KEYS[1])
+    if #drop > 0 then redis.call('ZREM', q, unpack(drop)) end
+    if #heads < SCAN then return 'empty' end
+    return 'more'
+  end
+
+  -- After the first waiter left: the next ones watch the lock (its lease ends in `px` ms).
+  local function watch_head(px)
+    watch(redis.call('ZRANGE', q, 0, 15), 1, nil, px)
+  end
+
+  -- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
+  -- Returns 1 deleted, 2 handed to a waiter, 4 'continue' (departed waiters dropped, more to
+  -- look at: the lock stays the caller's for the claim window, and it calls release again).
+  local function release_held(state)
+    if state ~= TAKEN then
+      local r = serve('')
+      if r == 'granted' then return 2 end
+      if r == 'more' then
+        redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
+        return 4
+      end
+      fence_flags(false, nil)
+      redis.call('DEL', pkey)
+    end
+    redis.call('DEL', lock)
     return 1
   end
 
-  -- Confirms a grant: the full TTL, state 'q', and the fence no longer names a pending grant.
+  -- Confirms a short grant: the full TTL, state 'q', and the fence names no pending grant.
+  -- Returns the fence (of the hold: fences change only when a lock changes hands).
   local function confirm_grant()
-    redis.call('SET', KEYS[1], 'q' .. TOKEN, 'PX', TTL)
-    local _, q = fence_parse(redis.call('GET', KEYS[2]))
-    return fence_flags(KEYS[2], q, nil)
-  end
-
-  -- Removes every queued waiter of process `hub` (its grant lapsed: it is frozen or gone).
-  local function purge(hub)
-    local prefix = hub .. ' '
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
-      if string.sub(m, 1, #prefix) == prefix then redis.call('ZREM', KEYS[3], m) end
-    end
+    redis.call('SET', lock, QUEUED .. TOKEN, 'PX', TTL)
+    local old = redis.call('GET', fkey)
+    local _, queued = fence_parse(old)
+    seen(HUB)
+    return fence_flags(queued, nil, old or false)
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
-  -- Returns 1 if MEMBER's process listens on its grant channel, else 0.
-  local function enqueue()
-    local added = redis.call('ZADD', KEYS[3], 'NX', now_us(), MEMBER)
-    if added == 1 then
-      redis.call('PEXPIRE', KEYS[3], FTTL)
-      local v = redis.call('GET', KEYS[2])
-      local _, queued, hub = fence_parse(v)
-      if not v or not queued then fence_flags(KEYS[2], true, hub) end
-    end
-    local id = string.match(MEMBER, '^(%S+)')
-    if id and listener(KEYS[1] .. ':w:' .. id) then return 1 end
-    return 0
+  -- Returns the 'queued' reply: {2, pttl, 1, listening, fence, rank, Redis time us}.
+  local function enqueue(pttl)
+    seen(HUB)
+    local added = redis.call('ZADD', q, 'NX', now_us(), MEMBER)
+    if added == 1 then redis.call('PEXPIRE', q, RETAIN) end
+    local old = redis.call('GET', fkey)
+    local _, queued, pending = fence_parse(old)
+    local f = fence_flags(true, pending, old or false)
+    local listening = 0
+    if listener(HUB) then listening = 1 end
+    return {2, pttl, 1, listening, f, redis.call('ZRANK', q, MEMBER), now_us()}
   end
-  return {fence_flags = fence_flags, listener = listener, split_member = split_member, grant_next = grant_next, release_held = release_held, confirm_grant = confirm_grant, purge = purge, enqueue = enqueue}
+
+  return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
+    enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
+    watch_head = watch_head}
 end

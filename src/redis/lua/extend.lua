@@ -1,9 +1,7 @@
--- Extend: the full TTL again if TOKEN holds the lock (confirming a grant). Reply {1} or {0}.
+-- Extend: the full TTL again if TOKEN holds the lock. Reply {0} not held; {1} extended; {1,
+-- fence} a short grant confirmed (the fence of the hold).
 local cur = redis.call('GET', KEYS[1])
-if not cur or string.sub(cur, 2) ~= TOKEN then return {0} end
-if string.sub(cur, 1, 1) == 'g' then
-  slow().confirm_grant()
-else
-  redis.call('PEXPIRE', KEYS[1], TTL)
-end
+if not cur or holder_of(cur) ~= TOKEN then return {0} end
+if state_of(cur) == GRANTED then return {1, slow().confirm_grant()} end
+redis.call('PEXPIRE', KEYS[1], TTL)
 return {1}

@@ -1,21 +1,23 @@
--- A waiter leaves: MEMBER out of the queue; then, if TOKEN holds the lock:
--- FLAG 't' keep a grant (confirmed here), 'T' keep any hold of TOKEN; 'g' give a grant back
--- (handed on or deleted), 'G' give back any hold of TOKEN.
--- Reply {0} it held nothing (or kept nothing); {1, pttl, fence} it keeps the lock; {2} it gave it back.
-if MEMBER ~= '' then redis.call('ZREM', KEYS[3], MEMBER) end
-local cur = redis.call('GET', KEYS[1])
-if not cur or string.sub(cur, 2) ~= TOKEN then return {0} end
-local state = string.sub(cur, 1, 1)
+-- A waiter leaves: MEMBER out of the queue (the next waiter is told to watch the lock when
+-- MEMBER was the first); then, if TOKEN holds the lock, it gives it back (handed on or
+-- deleted): FLAG 'G' whatever it holds, FLAG 'o' only while FENCE is still the lock's fence
+-- (a grant whose waiter had gone: a newer grant to the same token is kept).
+-- Reply {0} it gave nothing back; {2} it gave the lock back; {4} it gave it back in part
+-- (departed waiters dropped, more to look at): call release to continue.
 local L = slow()
-if FLAG == 't' or FLAG == 'T' then
-  if state == 'g' then return {1, tonumber(TTL), L.confirm_grant()} end
-  if FLAG == 'T' then
-    return {1, redis.call('PTTL', KEYS[1]), (fence_parse(redis.call('GET', KEYS[2])))}
+if MEMBER ~= '' then
+  local rank = redis.call('ZRANK', KEYS[3], MEMBER)
+  redis.call('ZREM', KEYS[3], MEMBER)
+  if rank == 0 then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl < 0 then pttl = 0 end
+    L.watch_head(pttl)
   end
+end
+local cur = redis.call('GET', KEYS[1])
+if not cur or holder_of(cur) ~= TOKEN then return {0} end
+if FLAG == 'o' and string.format('%.0f', (fence_parse(redis.call('GET', KEYS[2])))) ~= FENCE then
   return {0}
 end
-if state == 'g' or FLAG == 'G' then
-  L.release_held(state)
-  return {2}
-end
-return {0}
+if L.release_held(state_of(cur)) == 4 then return {4} end
+return {2}

@@ -12,6 +12,7 @@
 use super::stats::{Counters, WakeReason};
 use crate::error::{Error, Result};
 use crate::keys::Names;
+use crate::redis::protocol::{self, Grant, LeaveFlag, Message};
 use crate::redis::Engine;
 use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, PubsubInterface};
@@ -42,25 +43,38 @@ pub(crate) enum SubState {
     Failed = 2,
 }
 
-/// One waiter's mailbox: the grant the dispatcher found for it, and a wake-up.
+/// One waiter's mailbox: the grant or watch message the dispatcher found for it, and a
+/// wake-up.
 pub(crate) struct Cell {
-    grant: Mutex<Option<u64>>,
+    mail: Mutex<Mail>,
     pub(crate) wake: Notify,
     reason: AtomicU8,
+}
+
+#[derive(Default)]
+struct Mail {
+    grant: Option<Grant>,
+    /// A watch message: the holder's lease ends in this long.
+    watch: Option<Duration>,
 }
 
 impl Cell {
     fn new() -> Cell {
         Cell {
-            grant: Mutex::new(None),
+            mail: Mutex::default(),
             wake: Notify::new(),
             reason: AtomicU8::new(WakeReason::Notification as u8),
         }
     }
 
-    /// The fence of a grant delivered to this waiter, if one was.
-    pub(crate) fn take_grant(&self) -> Option<u64> {
-        lock(&self.grant).take()
+    /// A grant delivered to this waiter, if one was.
+    pub(crate) fn take_grant(&self) -> Option<Grant> {
+        lock(&self.mail).grant.take()
+    }
+
+    /// A watch message delivered to this waiter, if one was: the holder's remaining lease.
+    pub(crate) fn take_watch(&self) -> Option<Duration> {
+        lock(&self.mail).watch.take()
     }
 
     pub(crate) fn reason(&self) -> WakeReason {
@@ -78,7 +92,7 @@ impl Cell {
 /// (`Resubscribed`) whenever it becomes confirmed after being pending or failed.
 pub(crate) struct Slot {
     sub: AtomicU8,
-    channel: String,
+    pub(crate) channel: String,
 }
 
 impl Slot {
@@ -162,7 +176,8 @@ impl Hub {
         });
         let manager = tokio::spawn(manage(Arc::downgrade(&hub), Arc::clone(&hub.manager_wake)));
         let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&hub), events));
-        lock(&hub.tasks).extend([manager, dispatcher]);
+        let housekeeper = tokio::spawn(housekeep(Arc::downgrade(&hub)));
+        lock(&hub.tasks).extend([manager, dispatcher, housekeeper]);
         hub
     }
 
@@ -254,44 +269,47 @@ impl Hub {
         }
     }
 
-    /// Hands a grant to the waiter of `channel` whose token it names.
+    /// Hands a grant or a watch message to the waiter of `channel` whose token it names.
     fn deliver(&self, channel: &str, text: &str) {
-        let mut parts = text.splitn(3, ' ');
-        let (Some("g"), Some(fence), Some(token)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let Some(message) = Message::parse(text) else {
             return;
         };
-        let Ok(fence) = fence.parse::<u64>() else {
-            return;
+        let token = match message {
+            Message::Grant { token, .. } | Message::Watch { token, .. } => token,
         };
         let cell = lock(&self.registry)
             .get(channel)
             .and_then(|e| e.waiters.get(token).cloned());
-        match cell {
-            Some(cell) => {
-                *lock(&cell.grant) = Some(fence);
+        match (message, cell) {
+            (Message::Grant { grant, .. }, Some(cell)) => {
+                lock(&cell.mail).grant = Some(grant);
                 cell.wake(WakeReason::Notification);
             }
-            // The waiter has left (its departure call may have failed, or crossed the
-            // grant): give the lock back at once so the next waiter is served now, not after
-            // the claim window. Only an unconfirmed grant is given back ('g'): a waiter whose
-            // own attempt confirmed it meanwhile has returned with the lock.
-            None => {
-                let suffix = format!(":w:{}", self.id);
-                let (Some(lock_name), Some(engine)) =
-                    (channel.strip_suffix(&suffix), self.engine.upgrade())
-                else {
+            (Message::Watch { px, .. }, Some(cell)) => {
+                lock(&cell.mail).watch = Some(px);
+                cell.wake(WakeReason::Watch);
+            }
+            // The waiter has left (its departure crossed the grant, or failed): give the lock
+            // back at once so the next waiter is served now. Only this grant (by its fence): a
+            // newer grant to the same token is kept.
+            (Message::Grant { grant, .. }, None) => {
+                let (Some(lock_name), Some(engine)) = (
+                    protocol::lock_of_channel(channel, &self.id),
+                    self.engine.upgrade(),
+                ) else {
                     return;
                 };
                 self.counters.orphan_grants.fetch_add(1, Ordering::Relaxed);
                 engine.leave_in_background(
-                    engine.backend.next_client().clone(),
                     Names::from_lock(lock_name),
                     token.to_owned(),
                     String::new(),
-                    false,
+                    self.id.clone(),
+                    LeaveFlag::Orphan(grant.fence),
                 );
             }
+            // A departed first waiter's leave told the next one already.
+            (Message::Watch { .. }, None) => {}
         }
     }
 
@@ -302,7 +320,8 @@ impl Hub {
             .collect()
     }
 
-    fn wake_channel(&self, channel: &str, reason: WakeReason) {
+    /// Wakes every waiter of `channel` in this process.
+    pub(crate) fn wake_channel(&self, channel: &str, reason: WakeReason) {
         let cells: Vec<Arc<Cell>> = lock(&self.registry)
             .get(channel)
             .map(|e| e.waiters.values().cloned().collect())
@@ -519,6 +538,105 @@ pub(crate) struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.hub.leave(&self.slot.channel, &self.token);
+    }
+}
+
+impl Hub {
+    /// On a cluster: asks every primary which of this process's grant channels it still has
+    /// (Redis drops the shard channels of a slot that moves to another node, and fred does not
+    /// say so), and subscribes again those it lost; their waiters look again once Redis
+    /// confirms. One call per primary.
+    async fn audit(&self) {
+        let confirmed: Vec<Arc<Slot>> = lock(&self.registry)
+            .values()
+            .filter(|e| e.slot.state() == SubState::Confirmed)
+            .map(|e| Arc::clone(&e.slot))
+            .collect();
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        if confirmed.is_empty() {
+            return;
+        }
+        let client = engine.backend.next_client();
+        let pattern = format!("*{}", protocol::channel("", &self.id));
+        let mut present = std::collections::HashSet::new();
+        for server in client.active_connections() {
+            let node = client.with_cluster_node(server);
+            let ask = node.custom::<Vec<String>, _>(
+                fred::types::CustomCommand::new_static("PUBSUB", None, false),
+                vec!["SHARDCHANNELS".to_owned(), pattern.clone()],
+            );
+            match tokio::time::timeout(self.command_timeout, ask).await {
+                Ok(Ok(channels)) => present.extend(channels),
+                // Cannot tell now: the next audit will.
+                _ => return,
+            }
+        }
+        for slot in confirmed {
+            if !present.contains(&slot.channel) {
+                self.lost_subscription(&slot);
+            }
+        }
+    }
+}
+
+/// How often the housekeeper looks.
+const TICK: Duration = Duration::from_millis(250);
+/// A tick this late means the process was frozen (SIGSTOP, a long pause): the queue may have
+/// skipped its waiters meanwhile.
+const FROZEN: Duration = Duration::from_secs(1);
+/// How often the subscriber connection is probed while waiters wait.
+const PROBE: Duration = Duration::from_secs(1);
+
+/// Every quarter second: notices that the process was frozen (a tick a second or more late)
+/// and has every waiter look again (the queue skips the waiters of a process whose short
+/// grant lapsed); every second while waiters wait, probes the subscriber connection with a
+/// PING and forces a reconnection when a connection that says it is up does not answer (a
+/// half-open connection loses grants without a word; the reconnection has every waiter look).
+async fn housekeep(hub: Weak<Hub>) {
+    let mut last = tokio::time::Instant::now();
+    let mut next_probe = last + PROBE;
+    loop {
+        tokio::time::sleep(TICK).await;
+        let now = tokio::time::Instant::now();
+        let Some(h) = hub.upgrade() else { return };
+        if now.saturating_duration_since(last) >= TICK + FROZEN {
+            tracing::warn!(late = ?now.saturating_duration_since(last) - TICK, "the process was frozen; every waiter looks again");
+            h.counters.freezes.fetch_add(1, Ordering::Relaxed);
+            h.wake_all(WakeReason::Resumed);
+        }
+        last = now;
+        if now < next_probe {
+            continue;
+        }
+        next_probe = now + PROBE;
+        if h.size().1 == 0 || !h.subscriber.is_connected() {
+            continue;
+        }
+        if h.subscriber.is_clustered() {
+            h.audit().await;
+        }
+        let subscriber = h.subscriber.clone();
+        let limit = h.command_timeout.min(Duration::from_secs(2));
+        drop(h);
+        let answered = matches!(
+            tokio::time::timeout(limit, subscriber.ping::<Value>(None)).await,
+            Ok(Ok(_))
+        );
+        if !answered && subscriber.is_connected() {
+            tracing::warn!(
+                ?limit,
+                "the subscriber connection did not answer a PING; reconnecting"
+            );
+            if let Some(h) = hub.upgrade() {
+                h.counters.probe_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::spawn(async move {
+                let _ = subscriber.force_reconnection().await;
+            });
+        }
+        last = tokio::time::Instant::now();
     }
 }
 

@@ -6,12 +6,13 @@
 //!    (`{pk}:w:<hub id>`) is subscribed, and Redis confirms it.
 //! 3. **Queue.** An attempt that finds the lock held puts the waiter in the key's Redis queue
 //!    in the same script call.
-//! 4. **Wait** for the grant (the release made this waiter the holder and published the fence
-//!    on its channel), a wake-up (reconnect, lost messages), or a timer: the holder's remaining
-//!    TTL, the check interval, the deadline. After a timer or a wake-up the waiter checks
-//!    (another queueing attempt: it takes a lapsed lock, finds a grant whose message was lost,
-//!    or re-queues a waiter the queue lost).
-//! 5. **At the deadline** one call leaves the queue, keeping a grant that raced it.
+//! 4. **Wait** for the grant (the release made this waiter the holder and published the
+//!    grant, with its lease, on its channel). Only the first waiter of the queue watches the
+//!    holder's lease (it looks when the lease ends: a holder that crashed); the others sleep
+//!    until the grant path tells them they are first (a watch message), a wake-up (reconnect,
+//!    lost messages, the process was frozen) or the deadline.
+//! 5. **At the deadline** the wait ends at once; its queue entry is taken out in the
+//!    background (giving back a grant that raced the deadline).
 //!
 //! A dropped waiter leaves the queue in the background and gives back a grant it may have
 //! been sent, so the next waiter is served at once.
@@ -22,9 +23,9 @@ pub(crate) mod stats;
 use super::{Request, Step, Waiting};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
-use crate::hold::lease::Hold;
-use crate::redis::scripts::{validity_deadline, Call};
-use crate::redis::{Engine, Left, QueueResidue};
+use crate::hold::lease::{validity_deadline, Hold};
+use crate::redis::protocol::Grant;
+use crate::redis::{Engine, QueueResidue};
 use fred::clients::{Client, SubscriberClient};
 use fred::interfaces::{ClientLike, EventInterface};
 use fred::types::config::ReconnectPolicy;
@@ -36,15 +37,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
 
-/// How often a queued waiter checks the lock when nothing else wakes it (jittered by ±25%).
-/// It bounds how long a grant that nobody confirms (its waiter's process froze or died right
-/// after the grant) keeps the others waiting: the claim window plus this.
-pub(crate) const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a queued waiter that is not the first of its queue sleeps when nothing wakes it
+/// (jittered by ±25%): a last resort for a queue entry that vanished without a word (the queue
+/// key deleted by hand). Everything else wakes it: its grant, a watch message when it becomes
+/// the first waiter, a reconnect, lost messages, the process resuming from a freeze.
+pub(crate) const SAFETY_INTERVAL: Duration = Duration::from_secs(100);
 
 /// Opens the subscriber connection with the client's config and starts the hub.
 pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     let client = engine.backend.next_client();
-    let mode = detect_mode(client, engine.command_timeout).await;
+    let mode = detect_mode(client, engine.command_timeout).await?;
     let mut perf = client.perf_config();
     // Bursts of grants must not overflow the message buffer (fred's default is 32). The
     // dispatcher only looks each message up and wakes one waiter, so it drains far faster than
@@ -103,26 +105,75 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
 }
 
 /// Sharded pub/sub when the server has SSUBSCRIBE and SPUBLISH (Redis >= 7.0, and not renamed
-/// away), classic otherwise. Asked once, when the locker starts.
-async fn detect_mode(client: &Client, limit: Duration) -> Mode {
-    let ask = client.custom::<Value, _>(
-        CustomCommand::new_static("COMMAND", None, false),
-        vec!["INFO", "SSUBSCRIBE", "SPUBLISH"],
-    );
-    match tokio::time::timeout(limit, ask).await {
-        Ok(Ok(Value::Array(found)))
-            if found.len() == 2 && found.iter().all(|c| !matches!(c, Value::Null)) =>
-        {
-            Mode::Sharded
+/// away), classic otherwise. Asked once, when the locker starts (three tries). A server that
+/// does not answer is an error, not a guess; so is a cluster without sharded pub/sub (classic
+/// subscriptions live on one node, where a release on another cannot see them).
+async fn detect_mode(client: &Client, limit: Duration) -> Result<Mode> {
+    let mut last = None;
+    for attempt in 0..3u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
         }
-        _ => Mode::Classic,
+        let ask = client.custom::<Value, _>(
+            CustomCommand::new_static("COMMAND", None, false),
+            vec!["INFO", "SSUBSCRIBE", "SPUBLISH"],
+        );
+        let found = match tokio::time::timeout(limit, ask).await {
+            Ok(Ok(Value::Array(found))) if found.len() == 2 => found,
+            Ok(Ok(other)) => {
+                last = Some(format!("unexpected reply {other:?}"));
+                continue;
+            }
+            Ok(Err(e)) => {
+                last = Some(e.to_string());
+                continue;
+            }
+            Err(_) => {
+                last = Some(format!("no answer within {limit:?}"));
+                continue;
+            }
+        };
+        if found.iter().all(|c| !matches!(c, Value::Null)) {
+            return Ok(Mode::Sharded);
+        }
+        if client.is_clustered() {
+            return Err(Error::Redis {
+                key: String::new(),
+                op: "connect subscriber",
+                source: fred::error::Error::new(
+                    fred::error::ErrorKind::Config,
+                    "this cluster has no sharded pub/sub (SSUBSCRIBE and SPUBLISH, Redis >= 7.0): \
+                     a PubSubLocker cannot work on it (use a polling Locker)",
+                ),
+            });
+        }
+        return Ok(Mode::Classic);
     }
+    Err(Error::Redis {
+        key: String::new(),
+        op: "connect subscriber",
+        source: fred::error::Error::new(
+            fred::error::ErrorKind::IO,
+            format!(
+                "could not ask the server which pub/sub it has (COMMAND INFO SSUBSCRIBE SPUBLISH): {}",
+                last.unwrap_or_default()
+            ),
+        ),
+    })
 }
 
-/// A jittered check interval: `CHECK_INTERVAL` × [0.75, 1.25).
-fn check_interval() -> Duration {
-    let r = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
-    CHECK_INTERVAL.mul_f64(0.75 + r / 2.0)
+/// `d` × [0.75, 1.25): spreads timers that would otherwise fire together.
+fn spread(d: Duration) -> Duration {
+    d.mul_f64(0.75 + super::jitter::unit() / 2.0)
+}
+
+/// The last attempt that left a waiter queued: when it was sent, Redis' clock when it ran, and
+/// the latest fence then. Redis ran it before any grant to the waiter with a higher fence.
+#[derive(Clone, Copy)]
+struct Anchor {
+    sent_at: Instant,
+    redis_us: u64,
+    fence: u64,
 }
 
 /// The queue strategy's wait (see the module docs).
@@ -132,239 +183,198 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
     }
     let counters = &hub.counters;
     let mut w = Waiting::new(&req.plan);
-    // One client for the whole wait, so the departure call runs after the last attempt.
-    let client = engine.backend.next_client().clone();
-    let registration = {
-        let channel = req.names.channel(&hub.id);
-        // Waiters of this process wait on the key already: it is held, and a plain attempt
-        // would be a wasted call (and a free lock with waiters goes to the queue anyway).
-        if !hub.has_waiters(&channel) {
-            counters.attempts.fetch_add(1, Ordering::Relaxed);
-            // Boxed (as every attempt below): its state would otherwise stay in every waiting
-            // future.
-            if let Step::Won(g) = Box::pin(w.attempt(engine, req, &client, "")).await? {
-                return Ok(g);
-            }
+    // Every call of the request on one client, so Redis runs them in order.
+    let client = req.client(engine).clone();
+    let channel = req.names.channel(&hub.id);
+    // Waiters of this process wait on the key already: it is held, and a plain attempt would
+    // be a wasted call (and a free lock with waiters goes to the queue anyway).
+    if !hub.has_waiters(&channel) {
+        counters.attempts.fetch_add(1, Ordering::Relaxed);
+        // Boxed (as every attempt below): its state would otherwise stay in every waiting
+        // future.
+        if let Step::Won(g) = Box::pin(w.attempt(engine, req, &client, "")).await? {
+            return Ok(g);
         }
-        hub.register(&req.names.key, &channel, &req.token)?
-    };
+    }
+    let registration = hub.register(&req.names.key, &channel, &req.token)?;
+    drop(channel);
     let cell = &registration.cell;
     let mut queue = QueueResidue {
         engine,
-        client: &client,
         names: &req.names,
         token: &req.token,
-        waiter_id: &hub.id,
+        hub: &hub.id,
         ttl_ms: req.plan.ttl_ms,
-        own_token: req.own_token,
         armed: false,
     };
     let slot = &registration.slot;
-    // The send time of the last attempt that left us queued, and the latest fence when it ran:
-    // Redis ran it before any grant with a higher fence.
-    let mut queued_at: Option<Instant> = None;
-    let mut queued_fence = 0u64;
+    let mut anchor: Option<Anchor> = None;
+    // When this waiter looks at the lock next, if it is the queue's first (it watches the
+    // holder's lease).
+    let mut watch: Option<Instant> = None;
+    let mut check = true;
+    let mut timer = Duration::ZERO;
+    // Queueing attempts in a row that found our subscription gone.
+    let mut deaf = 0u32;
     loop {
         let now = Instant::now();
-        // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
-        // queued waiter that nobody listens for. While it is pending (first subscription, or
-        // after a reconnect) wait for the hub's wake-up at its confirmation; while it has
-        // failed, poll without queueing.
-        let timer = match slot.state() {
-            SubState::Pending => w.deadline.saturating_duration_since(now),
-            state => {
-                let listening = state == SubState::Confirmed;
-                queue.armed |= listening;
-                counters.attempts.fetch_add(1, Ordering::Relaxed);
-                let step = {
-                    // Built per attempt: a waiting future keeps no copy of it.
-                    let member = if listening {
-                        queue.member()
-                    } else {
-                        String::new()
+        if check {
+            // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
+            // queued waiter that nobody listens for. While it is pending (first subscription,
+            // or after a reconnect) wait for the hub's wake-up at its confirmation; while it
+            // has failed, poll without queueing.
+            timer = match slot.state() {
+                SubState::Pending => w.deadline.saturating_duration_since(now),
+                state => {
+                    let listening = state == SubState::Confirmed;
+                    queue.armed |= listening;
+                    counters.attempts.fetch_add(1, Ordering::Relaxed);
+                    let step = {
+                        // Built per attempt: a waiting future keeps no copy of it.
+                        let member = if listening {
+                            queue.member()
+                        } else {
+                            String::new()
+                        };
+                        Box::pin(w.attempt(engine, req, &client, &member)).await?
                     };
-                    Box::pin(w.attempt(engine, req, &client, &member)).await?
-                };
-                let remaining = match step {
-                    Step::Won(g) => {
-                        queue.armed = false;
-                        return Ok(g);
-                    }
-                    Step::Held {
-                        remaining,
-                        queued,
-                        deaf,
-                        fence,
-                        sent_at,
-                    } => {
-                        queued_at = queued.then_some(sent_at);
-                        if queued {
-                            queued_fence = fence;
+                    let now = Instant::now();
+                    match step {
+                        Step::Won(g) => {
+                            queue.armed = false;
+                            return Ok(g);
                         }
-                        if deaf && listening {
-                            // Redis dropped our subscription without telling fred (a Cluster
-                            // slot moved): subscribe again, then check.
-                            hub.lost_subscription(slot);
-                            continue;
+                        Step::Held {
+                            remaining,
+                            queued: Some(q),
+                            sent_at,
+                        } if listening => {
+                            anchor = Some(Anchor {
+                                sent_at,
+                                redis_us: q.redis_us,
+                                fence: q.fence,
+                            });
+                            if q.deaf {
+                                // Redis dropped our subscription without telling fred (a
+                                // Cluster slot moved): subscribe again, then check. While a
+                                // slot migrates, scripts run on the importing node (ASK) and
+                                // the subscription on the source: wait a growing delay, not
+                                // spin.
+                                hub.lost_subscription(slot);
+                                deaf = deaf.saturating_add(1);
+                                let pause = Duration::from_millis(10 << deaf.min(7))
+                                    .min(w.deadline.saturating_duration_since(now));
+                                sleep(pause).await;
+                                continue;
+                            }
+                            deaf = 0;
+                            // The first waiter looks when the holder's lease ends (plus a
+                            // little: PTTL rounds down); the others wait to be told.
+                            watch = (q.rank == 0).then(|| {
+                                now + remaining
+                                    .map(|r| r + Duration::from_millis(1))
+                                    .unwrap_or(SAFETY_INTERVAL)
+                            });
+                            spread(SAFETY_INTERVAL)
                         }
-                        remaining
+                        Step::Held { remaining, .. } => {
+                            anchor = None;
+                            w.backoff(now, remaining)
+                        }
+                        Step::Failed => w.backoff(now, None),
                     }
-                    Step::Failed => None,
-                };
-                let now = Instant::now();
-                let timer = if listening {
-                    remaining
-                        .map(|r| r + Duration::from_millis(1))
-                        .unwrap_or(Duration::MAX)
-                        .min(check_interval())
-                } else {
-                    w.backoff(now, remaining)
-                };
-                timer.min(w.deadline.saturating_duration_since(now))
-            }
-        };
-        // Wait for the grant, a wake-up (reconnect, lost messages, a confirmed subscription)
-        // or the timer.
+                }
+            };
+        }
+        let now = Instant::now();
+        let mut sleep_for = timer.min(w.deadline.saturating_duration_since(now));
+        if let Some(at) = watch {
+            sleep_for = sleep_for.min(at.saturating_duration_since(now));
+        }
+        let started = now;
+        // Wait for the grant, a watch message, a wake-up (reconnect, lost messages, a
+        // confirmed subscription, a resumed process) or the timer.
         let reason = tokio::select! {
             _ = cell.wake.notified() => Some(cell.reason()),
-            _ = sleep(timer) => None,
+            _ = sleep(sleep_for) => None,
         };
+        timer = timer.saturating_sub(started.elapsed());
         // A grant published before our last queueing attempt ran (its fence is not above the
         // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
         // queued us again. Its message may still arrive after the reply; it must not be used.
-        if let Some(fence) = cell
+        if let Some(grant) = cell
             .take_grant()
-            .filter(|f| queued_at.is_none() || *f > queued_fence)
+            .filter(|g| anchor.is_none_or(|a| g.fence > a.fence))
         {
             counters.woke(Some(WakeReason::Notification));
-            // Boxed (as `finish`): their call state would otherwise size every waiting future.
-            if let Some(g) = Box::pin(take_grant(engine, req, hub, queued_at, fence)).await? {
+            // Boxed (as the attempts): its call state would otherwise size every waiting
+            // future.
+            if let Some(g) = Box::pin(take_grant(engine, hub, req, &client, anchor, grant)).await? {
                 queue.armed = false;
                 return Ok(g);
             }
-            // The grant lapsed before we could confirm it: check again.
+            // The grant lapsed before we could confirm it: this process may have been judged
+            // frozen, and its other waiters on the key skipped. They all look again.
+            hub.wake_channel(&slot.channel, WakeReason::Resumed);
+            check = true;
             continue;
         }
-        if reason != Some(WakeReason::Notification) {
-            counters.woke(reason);
+        if let Some(px) = cell.take_watch() {
+            // We are the queue's first waiter now: look when the holder's lease ends.
+            counters.woke(Some(WakeReason::Watch));
+            watch = Some(Instant::now() + px + Duration::from_millis(1));
+            check = false;
+        } else {
+            if reason != Some(WakeReason::Notification) {
+                counters.woke(reason);
+            }
+            check = true;
         }
         if Instant::now() >= w.deadline {
-            return Box::pin(finish(engine, req, &mut w, &mut queue, &client)).await;
+            // The queue residue takes us out of the queue in the background.
+            return Err(w.give_up(req));
         }
         tracing::debug!(key = %req.names.key, attempts = w.attempts, ?reason, "woke (None = timer)");
     }
 }
 
-/// A grant arrived: the lock is ours with a PX of `min(ttl, claim window)` that Redis started
-/// after our last queueing attempt was sent. Use it at once when enough of that window is
-/// left by our own clock; otherwise confirm it first (one round trip). `None`: it lapsed.
+/// A grant arrived: the lock is ours for the lease it says, from the grant's time in Redis.
+/// That time is carried over to our clock from the anchor (our last queueing attempt, which
+/// Redis ran before the grant: its send time is a lower bound of the moment Redis' clock read
+/// its time), counting the time between them 1% short (clock rates). A full lease that is
+/// still worth the TTL is used at once; a short one (our process was not seen lately), one
+/// that arrived late, or one of an older version that did not say its lease is confirmed
+/// first (one round trip). `None`: it lapsed before we could confirm it.
 async fn take_grant(
     engine: &Arc<Engine>,
-    req: &Request,
     hub: &Hub,
-    queued_at: Option<Instant>,
-    fence: u64,
+    req: &Request,
+    client: &Client,
+    anchor: Option<Anchor>,
+    grant: Grant,
 ) -> Result<Option<LockGuard>> {
     let ttl = req.plan.ttl();
-    let px = ttl.min(engine.claim_window);
-    let now = Instant::now();
-    // With required replicas a grant counts only once confirmed by a write of our own that
-    // enough replicas acknowledged (the grant itself was written by the releaser).
-    if let Some(sent_at) = queued_at.filter(|_| engine.replicas.is_none()) {
-        if validity_deadline(sent_at, px) > now + px / 4 {
-            return Ok(Some(req.guard(
-                engine,
-                Hold {
-                    fence,
-                    sent_at,
-                    px,
-                    confirmed: px >= ttl,
-                },
-            )));
+    if let (Some(lease), Some(a)) = (grant.lease, anchor) {
+        if lease.px >= ttl && lease.at_us >= a.redis_us {
+            let since = a.sent_at + Duration::from_micros(lease.at_us - a.redis_us).mul_f64(0.99);
+            let hold = Hold {
+                fence: grant.fence,
+                valid_until: validity_deadline(since, lease.px),
+                since,
+            };
+            if hold.valid_until > Instant::now() {
+                return req.full_lease(engine, client, hold, false).await;
+            }
         }
     }
     hub.counters
         .confirmed_on_arrival
         .fetch_add(1, Ordering::Relaxed);
-    let sent_at = Instant::now();
-    let confirmed = match engine
-        .extend(
-            &req.names,
-            &req.token,
-            req.plan.ttl_ms,
-            engine.command_timeout,
-        )
-        .await
-    {
-        Err(e @ Error::NotReplicated { .. }) => {
-            let client = engine.backend.next_client();
-            let _ = engine
-                .release_on(client, &req.names, &req.token, engine.command_timeout)
-                .await;
-            return Err(e);
-        }
-        other => other?,
+    let now = Instant::now();
+    let unconfirmed = Hold {
+        fence: grant.fence,
+        valid_until: now,
+        since: now,
     };
-    if confirmed {
-        Ok(Some(req.guard(
-            engine,
-            Hold {
-                fence,
-                sent_at,
-                px: ttl,
-                confirmed: true,
-            },
-        )))
-    } else {
-        Ok(None)
-    }
-}
-
-/// The deadline came: leave the queue, keeping a grant that raced the deadline.
-async fn finish(
-    engine: &Arc<Engine>,
-    req: &Request,
-    w: &mut Waiting,
-    queue: &mut QueueResidue<'_>,
-    client: &Client,
-) -> Result<LockGuard> {
-    if !queue.armed {
-        return Err(w.give_up(req));
-    }
-    let sent_at = Instant::now();
-    let member = queue.member();
-    let call = Call {
-        names: &req.names,
-        token: &req.token,
-        ttl_ms: req.plan.ttl_ms,
-        member: &member,
-        flag: if req.own_token { "T" } else { "t" },
-    };
-    match Box::pin(engine.leave_on(client, &call, engine.command_timeout)).await {
-        Ok(Left::Kept { fence, remaining }) => {
-            queue.armed = false;
-            if let Err(e) = engine.replicated(client, &req.names).await {
-                let _ = engine
-                    .release_on(client, &req.names, &req.token, engine.command_timeout)
-                    .await;
-                return Err(e);
-            }
-            Ok(req.guard(
-                engine,
-                Hold {
-                    fence,
-                    sent_at,
-                    px: remaining.unwrap_or(req.plan.ttl()),
-                    confirmed: true,
-                },
-            ))
-        }
-        Ok(Left::Nothing | Left::GaveBack) => {
-            queue.armed = false;
-            Err(w.give_up(req))
-        }
-        // The queue residue retries the departure in the background.
-        Err(e) if e.is_transient() => Err(w.give_up(req)),
-        Err(e) => Err(e),
-    }
+    req.full_lease(engine, client, unconfirmed, false).await
 }

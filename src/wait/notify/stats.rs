@@ -11,6 +11,11 @@ pub(crate) enum WakeReason {
     Reconnect = 1,
     Lagged = 2,
     Resubscribed = 3,
+    /// A watch message: this waiter is now the first of its queue.
+    Watch = 4,
+    /// The process resumed from a freeze (or a grant of this process lapsed): waiters look
+    /// again, since the queue may have dropped them.
+    Resumed = 5,
 }
 
 impl WakeReason {
@@ -19,6 +24,8 @@ impl WakeReason {
             1 => WakeReason::Reconnect,
             2 => WakeReason::Lagged,
             3 => WakeReason::Resubscribed,
+            4 => WakeReason::Watch,
+            5 => WakeReason::Resumed,
             _ => WakeReason::Notification,
         }
     }
@@ -32,6 +39,10 @@ pub(crate) struct Counters {
     pub(crate) by_reconnect: AtomicU64,
     pub(crate) by_lagged: AtomicU64,
     pub(crate) by_resubscribe: AtomicU64,
+    pub(crate) by_watch: AtomicU64,
+    pub(crate) by_resume: AtomicU64,
+    pub(crate) freezes: AtomicU64,
+    pub(crate) probe_failures: AtomicU64,
     pub(crate) reconnects: AtomicU64,
     pub(crate) lagged: AtomicU64,
     pub(crate) subscribes: AtomicU64,
@@ -49,6 +60,8 @@ impl Counters {
             Some(WakeReason::Reconnect) => &self.by_reconnect,
             Some(WakeReason::Lagged) => &self.by_lagged,
             Some(WakeReason::Resubscribed) => &self.by_resubscribe,
+            Some(WakeReason::Watch) => &self.by_watch,
+            Some(WakeReason::Resumed) => &self.by_resume,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -62,6 +75,10 @@ impl Counters {
             by_reconnect: g(&self.by_reconnect),
             by_lagged: g(&self.by_lagged),
             by_resubscribe: g(&self.by_resubscribe),
+            by_watch: g(&self.by_watch),
+            by_resume: g(&self.by_resume),
+            freezes: g(&self.freezes),
+            probe_failures: g(&self.probe_failures),
             reconnects: g(&self.reconnects),
             lagged: g(&self.lagged),
             subscribes: g(&self.subscribes),
@@ -81,8 +98,9 @@ pub struct WakeStats {
     pub attempts: u64,
     /// Waits ended by a grant: the release handed this waiter the lock.
     pub by_notification: u64,
-    /// Waits ended by a timer (the holder's TTL, the check interval, the deadline, or the
-    /// backoff delay while the subscription is down).
+    /// Waits ended by a timer (the first waiter's look when the holder's lease ends, the
+    /// deadline, the backoff delay while the subscription is down, or the long safety
+    /// interval).
     pub by_timer: u64,
     /// Waits ended because the subscriber connection came back (messages may have been lost).
     pub by_reconnect: u64,
@@ -91,6 +109,17 @@ pub struct WakeStats {
     /// Waits ended because the key's subscription was confirmed again after it was lost or
     /// had failed.
     pub by_resubscribe: u64,
+    /// Watch messages: a waiter became the first of its queue and watches the holder's lease.
+    pub by_watch: u64,
+    /// Waits woken because the process resumed from a freeze, or a grant of this process
+    /// lapsed (its waiters look again: the queue may have dropped them).
+    pub by_resume: u64,
+    /// Times the process was found to have been frozen (its timers fired a second or more
+    /// late).
+    pub freezes: u64,
+    /// Health probes of the subscriber connection that got no answer in time (each forces a
+    /// reconnection).
+    pub probe_failures: u64,
     /// Reconnections of the subscriber connection seen.
     pub reconnects: u64,
     /// Times the message stream reported lost messages.
@@ -99,8 +128,9 @@ pub struct WakeStats {
     pub subscribes: u64,
     /// Channels unsubscribed (counted per channel).
     pub unsubscribes: u64,
-    /// Grants that arrived with too little of their claim window left to be used at once, and
-    /// were confirmed (one round trip) before `acquire_wait` returned.
+    /// Grants confirmed (one round trip) before `acquire_wait` returned: a short grant (the
+    /// waiter's process had not been seen on the key lately), a grant that arrived late, or
+    /// one from an older version that did not say its lease.
     pub confirmed_on_arrival: u64,
     /// Grants that arrived for a waiter that had already left, and were given back at once.
     pub orphan_grants: u64,

@@ -1,0 +1,206 @@
+//! The protocol's formats, written once on the Rust side: everything Rust and the Lua scripts
+//! (`lua/common.lua`, whose header is the other half of this module) exchange.
+//!
+//! **Version rule.** Formats only grow: a reader ignores what it does not know (a message with
+//! an unknown tag is dropped, an unknown lock state reads as "held"), and a new meaning gets a
+//! new tag, never an old one reused. During a rolling upgrade, scripts and clients of two
+//! versions meet on the same keys; the rule keeps every guard's lease one that Redis gave (an
+//! older client may be served late, never wrongly). `tests/scripts.rs` drives every transition
+//! of the scripts through a real Redis; `tests/model.rs` checks the protocol exhaustively.
+
+use std::time::Duration;
+
+/// A waiter's queue member: `"<hub> <ttl ms> <token>"` (the grant uses the TTL; the token is
+/// last and may hold spaces).
+pub(crate) fn member(hub: &str, ttl_ms: u64, token: &str) -> String {
+    format!("{hub} {ttl_ms} {token}")
+}
+
+/// The separator between a lock's Redis name and a process id in its grant channels.
+const CHANNEL_SEPARATOR: &str = ":w:";
+
+/// The channel on which the waiters of process `hub` receive grants for the lock `lock`.
+pub(crate) fn channel(lock: &str, hub: &str) -> String {
+    format!("{lock}{CHANNEL_SEPARATOR}{hub}")
+}
+
+/// The lock's Redis name in a grant channel of process `hub` (the inverse of [`channel`]).
+pub(crate) fn lock_of_channel<'a>(channel: &'a str, hub: &str) -> Option<&'a str> {
+    channel.strip_suffix(hub)?.strip_suffix(CHANNEL_SEPARATOR)
+}
+
+/// A message on a grant channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Message<'a> {
+    /// The lock is `token`'s: `"g2 <fence> <px ms> <grant time us> <token>"`.
+    Grant { grant: Grant, token: &'a str },
+    /// `token` is the first waiter to watch the lock: its holder's lease ends in `px` (0: the
+    /// lock is free, look now). `"w2 <px ms> <token>"`.
+    Watch { px: Duration, token: &'a str },
+}
+
+/// What a grant gave: the fence of the new hold, the lease Redis set, and when (Redis' clock).
+/// `lease` is `None` for a grant of an older version, which did not say (its waiter confirms
+/// the grant before using it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) fence: u64,
+    pub(crate) lease: Option<Lease>,
+}
+
+/// A lease as Redis set it: `px` from Redis time `at_us` (microseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) px: Duration,
+    pub(crate) at_us: u64,
+}
+
+impl<'a> Message<'a> {
+    /// Parses a message; `None` for anything else (a malformed or unknown one is ignored).
+    pub(crate) fn parse(text: &'a str) -> Option<Message<'a>> {
+        let (tag, rest) = text.split_once(' ')?;
+        match tag {
+            "g2" => {
+                let mut p = rest.splitn(4, ' ');
+                let fence = p.next()?.parse().ok()?;
+                let px = p.next()?.parse().ok()?;
+                let at_us = p.next()?.parse().ok()?;
+                let token = p.next()?;
+                Some(Message::Grant {
+                    grant: Grant {
+                        fence,
+                        lease: Some(Lease {
+                            px: Duration::from_millis(px),
+                            at_us,
+                        }),
+                    },
+                    token,
+                })
+            }
+            // Format 1 (milestone 2): "g <fence> <token>", with a PX it did not say.
+            "g" => {
+                let (fence, token) = rest.split_once(' ')?;
+                Some(Message::Grant {
+                    grant: Grant {
+                        fence: fence.parse().ok()?,
+                        lease: None,
+                    },
+                    token,
+                })
+            }
+            "w2" => {
+                let (px, token) = rest.split_once(' ')?;
+                Some(Message::Watch {
+                    px: Duration::from_millis(px.parse().ok()?),
+                    token,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Leave flags: what a departing waiter does with a hold of its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaveFlag {
+    /// Give back whatever the token holds (a departing or cancelled wait: any hold of its
+    /// token was made by this wait).
+    GiveBack,
+    /// Give back only the grant with this fence (a grant that reached a process whose waiter
+    /// had gone; a newer grant to the same token is kept).
+    Orphan(u64),
+}
+
+impl LeaveFlag {
+    /// The flag and fence arguments of `leave.lua`.
+    pub(crate) fn args(self) -> (&'static str, String) {
+        match self {
+            LeaveFlag::GiveBack => ("G", String::new()),
+            LeaveFlag::Orphan(fence) => ("o", fence.to_string()),
+        }
+    }
+}
+
+/// Reply codes, per script (the first element of every reply).
+pub(crate) mod reply {
+    /// acquire: taken.
+    pub(crate) const ACQUIRED: i64 = 0;
+    /// acquire: this token holds it already.
+    pub(crate) const HELD_BY_CALLER: i64 = 1;
+    /// acquire: another token holds it (the caller may be queued now).
+    pub(crate) const HELD: i64 = 2;
+    /// acquire: a short grant to this token, confirmed by this call.
+    pub(crate) const GRANT_CONFIRMED: i64 = 3;
+    /// acquire, release, leave: departed waiters dropped and more to look at; the lock is the
+    /// caller's (for the claim window) only to pass on: call release again.
+    pub(crate) const CONTINUE: i64 = 4;
+    /// release: not held by the token, nothing changed. extend: not held. leave: nothing given
+    /// back.
+    pub(crate) const NOT_HELD: i64 = 0;
+    /// release: deleted (nobody waited). extend: extended.
+    pub(crate) const DONE: i64 = 1;
+    /// release, leave: handed to a waiter (or, leave, given back).
+    pub(crate) const HANDED_OVER: i64 = 2;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_round_trip() {
+        let ch = channel("{waitlock:a:w:b}", "0123abcd4567");
+        assert_eq!(ch, "{waitlock:a:w:b}:w:0123abcd4567");
+        assert_eq!(
+            lock_of_channel(&ch, "0123abcd4567"),
+            Some("{waitlock:a:w:b}")
+        );
+        assert_eq!(lock_of_channel(&ch, "ffff"), None);
+        assert_eq!(member("ab", 30_000, "t o k"), "ab 30000 t o k");
+    }
+
+    #[test]
+    fn messages_parse_or_are_ignored() {
+        assert_eq!(
+            Message::parse("g2 17 500 1700000000000001 tok en"),
+            Some(Message::Grant {
+                grant: Grant {
+                    fence: 17,
+                    lease: Some(Lease {
+                        px: Duration::from_millis(500),
+                        at_us: 1_700_000_000_000_001
+                    })
+                },
+                token: "tok en"
+            })
+        );
+        assert_eq!(
+            Message::parse("g 9 t"),
+            Some(Message::Grant {
+                grant: Grant {
+                    fence: 9,
+                    lease: None
+                },
+                token: "t"
+            })
+        );
+        assert_eq!(
+            Message::parse("w2 250 t"),
+            Some(Message::Watch {
+                px: Duration::from_millis(250),
+                token: "t"
+            })
+        );
+        for bad in [
+            "",
+            "g2",
+            "g2 x 1 2 t",
+            "g2 1 2 t",
+            "w2 t",
+            "z9 1 t",
+            "g x t",
+        ] {
+            assert_eq!(Message::parse(bad), None, "{bad:?}");
+        }
+    }
+}
