@@ -817,3 +817,83 @@ fn run_and_status_over_tls_with_a_private_ca_and_a_client_certificate() {
         stderr_of(&out)
     );
 }
+
+/// The command as the releaser: a `waitlock run` holds the key; a library waiter with another
+/// claim window (3 s) and a 30 s TTL queues, then a second `waitlock run`. When the first run
+/// ends, its release hands the lock to the library waiter, which holds it 2 s; the second run
+/// must not start before the library waiter released. Twice: the library waiter seen just
+/// before the release (a full grant), and idle 300 ms first (the command's short grant,
+/// confirmed before `acquire_wait` returns).
+#[test]
+fn a_lock_the_command_hands_over_is_the_waiters_for_its_whole_ttl() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let url = server.url();
+    for idle_ms in [0u64, 300] {
+        let dir = Scratch::new(&format!("releaser-{idle_ms}"));
+        let key = format!("handed-{idle_ms}");
+        let mut first = hold(&server, &dir, &key);
+        let (u, k) = (url.clone(), key.clone());
+        let waiter = rt.spawn(async move {
+            let locker = waitlock::Locker::connect(&u)
+                .await
+                .expect("connect")
+                .claim_window(Duration::from_secs(3))
+                .build_pubsub()
+                .await
+                .expect("pubsub locker");
+            let opts = waitlock::LockOptions::new()
+                .with_ttl(Duration::from_secs(30))
+                .with_wait(Duration::from_secs(20));
+            let g = locker.acquire_wait(&k, &opts).await.expect("acquire_wait");
+            let got = common::now_ns();
+            let left = g.valid_until() - tokio::time::Instant::now();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let released = common::now_ns();
+            g.release().await.expect("release");
+            (got, released, left)
+        });
+        let queued = |n: u64| {
+            let deadline = Instant::now() + LIMIT;
+            while status_json(&server, &dir, &key)["queued"].as_u64() != Some(n) {
+                assert!(Instant::now() < deadline, "never {n} queued");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        queued(1);
+        let mut c = waitlock(&server, &dir);
+        c.args([
+            "run",
+            "--wait",
+            "20s",
+            &key,
+            "--",
+            "sh",
+            "-c",
+            "echo \"second $(date +%s%N)\" >> log2",
+        ]);
+        let mut second = Spawned::start(c, &dir, "second.err");
+        queued(2);
+        std::thread::sleep(Duration::from_millis(idle_ms));
+        fs::write(dir.path("go"), "").expect("go");
+        assert_eq!(first.wait().code(), Some(0), "{}", first.stderr());
+        let (got, released, left) = rt.block_on(waiter).expect("waiter");
+        assert!(second.wait().success(), "{}", second.stderr());
+        let started: u64 = dir
+            .read("log2")
+            .split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("the second run's start time");
+        assert!(
+            started >= released,
+            "two holders: the second run started {} ms after the waiter took the lock, before its release at {} ms (its guard said {left:?} left)",
+            (started.saturating_sub(got)) / 1_000_000,
+            (released - got) / 1_000_000
+        );
+        assert!(
+            left >= Duration::from_millis(29_300),
+            "the waiter's guard was valid for {left:?} at return, not the TTL (30 s)"
+        );
+    }
+}

@@ -6,12 +6,11 @@
 
 mod common;
 
+use common::runner::Runner;
+use common::worker::{Pipe, Proc};
 use common::{client_for, cmd, env, env_num, now_ns, RedisServer};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
 use waitlock::{Backoff, Error, LockOptions, Locker, PubSubLocker};
@@ -83,18 +82,10 @@ async fn worker() {
         _ => AnyLocker::Poll(builder.build().expect("locker")),
     });
     let store = client_for(&env("F_STORE_URL")).await;
-    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-    let printer = std::thread::spawn(move || {
-        let mut out = std::io::stdout();
-        while let Some(line) = rx.blocking_recv() {
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
-        }
-    });
-    let _ = tx.send("ready".into());
-    let mut go = String::new();
-    let mut stdin = std::io::stdin().lock();
-    let _ = stdin.read_line(&mut go);
+    let mut pipe = Pipe::open();
+    let tx = pipe.out.clone();
+    pipe.say("ready");
+    let _go = pipe.input.recv().await;
 
     let key = env("F_KEY");
     let hold = Duration::from_millis(env_num("F_HOLD_MS"));
@@ -202,19 +193,12 @@ async fn worker() {
     ));
     let _ = tx.send("done".into());
     // Stay connected until the coordinator has checked Redis' view of the subscriptions.
-    let _ = stdin.read_line(&mut go);
+    let _exit = pipe.input.recv().await;
     drop(tx);
-    let _ = printer.join();
+    pipe.close();
 }
 
 // ------------------------------------------------------------------ coordinator
-
-struct Worker {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::UnboundedReceiver<String>,
-    seen: Vec<String>,
-}
 
 #[derive(Clone)]
 struct Spec {
@@ -247,97 +231,26 @@ impl Spec {
     }
 }
 
-impl Worker {
-    fn spawn(url: &str, store: &str, key: &str, s: &Spec) -> Worker {
-        let mut child = Command::new(std::env::current_exe().expect("exe"))
-            .env("F_WORKER", "1")
-            .env("F_URL", url)
-            .env("F_STORE_URL", store)
-            .env("F_KEY", key)
-            .env("F_LOCKER", s.locker)
-            .env("F_TASKS", s.tasks.to_string())
-            .env("F_ITERS", s.iters.to_string())
-            .env("F_DURATION_MS", s.duration_ms.to_string())
-            .env("F_TTL_MS", s.ttl_ms.to_string())
-            .env("F_WAIT_MS", s.wait_ms.to_string())
-            .env("F_HOLD_MS", s.hold_ms.to_string())
-            .env("F_REFRESH", s.refresh.to_string())
-            .env("F_CMD_TIMEOUT_MS", s.cmd_timeout_ms.to_string())
-            .env("F_MODE", s.mode)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn worker");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        Worker {
-            child,
-            stdin,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits for a line starting with `prefix`, keeping every line seen.
-    async fn expect(&mut self, prefix: &str, limit: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(l)) => {
-                    self.seen.push(l.clone());
-                    if l.starts_with(prefix) {
-                        return Ok(l);
-                    }
-                }
-                Ok(None) => return Err(format!("worker exited before printing {prefix:?}")),
-                Err(_) => return Err(format!("no {prefix:?} line within {limit:?}")),
-            }
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        if let Some(s) = self.stdin.as_mut() {
-            let _ = writeln!(s, "{line}");
-            let _ = s.flush();
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-    }
-
-    fn finish(mut self) {
-        self.send("exit");
-        self.stdin = None;
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// A worker process running `s` on `key` (its settings in `F_*` variables).
+fn spawn_worker(url: &str, store: &str, key: &str, s: &Spec) -> Proc {
+    Proc::spawn(
+        "fault-worker",
+        &[
+            ("F_URL", url.to_owned()),
+            ("F_STORE_URL", store.to_owned()),
+            ("F_KEY", key.to_owned()),
+            ("F_LOCKER", s.locker.to_owned()),
+            ("F_TASKS", s.tasks.to_string()),
+            ("F_ITERS", s.iters.to_string()),
+            ("F_DURATION_MS", s.duration_ms.to_string()),
+            ("F_TTL_MS", s.ttl_ms.to_string()),
+            ("F_WAIT_MS", s.wait_ms.to_string()),
+            ("F_HOLD_MS", s.hold_ms.to_string()),
+            ("F_REFRESH", s.refresh.to_string()),
+            ("F_CMD_TIMEOUT_MS", s.cmd_timeout_ms.to_string()),
+            ("F_MODE", s.mode.to_owned()),
+        ],
+    )
 }
 
 /// Figures of one scenario run.
@@ -461,8 +374,8 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     env.reset_store().await;
-    let mut workers: Vec<Worker> = (0..procs)
-        .map(|_| Worker::spawn(&env.url, &env.store_url, key, spec))
+    let mut workers: Vec<Proc> = (0..procs)
+        .map(|_| spawn_worker(&env.url, &env.store_url, key, spec))
         .collect();
     for w in workers.iter_mut() {
         w.expect("ready", Duration::from_secs(20)).await?;
@@ -714,7 +627,7 @@ async fn scenario_holder_killed(env: &Conn) -> Result<String, String> {
             ttl_ms: ttl.as_millis() as u64,
             ..Spec::new(locker)
         };
-        let mut holder = Worker::spawn(&env.url, &env.store_url, &key, &spec);
+        let mut holder = spawn_worker(&env.url, &env.store_url, &key, &spec);
         holder.expect("ready", Duration::from_secs(20)).await?;
         holder.send("go");
         holder.expect("HELD", Duration::from_secs(10)).await?;
@@ -773,7 +686,7 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
         mode: "naive",
         ..Spec::new("pubsub")
     };
-    let mut holder = Worker::spawn(&env.url, &env.store_url, key, &spec);
+    let mut holder = spawn_worker(&env.url, &env.store_url, key, &spec);
     holder.expect("ready", Duration::from_secs(20)).await?;
     holder.send("go");
     let held = holder.expect("HELD", Duration::from_secs(10)).await?;
@@ -798,9 +711,8 @@ async fn scenario_holder_frozen(env: &Conn) -> Result<String, String> {
     let mut holder_leaks = usize::MAX;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let l = match tokio::time::timeout_at(deadline, holder.lines.recv()).await {
-            Ok(Some(l)) => l,
-            _ => break,
+        let Some(l) = holder.next_line(deadline).await else {
+            break;
         };
         let f: Vec<&str> = l.split(' ').collect();
         if f[0] == "W" {
@@ -1124,73 +1036,70 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
     Ok(format!("{n} hostile inputs: each a typed error naming the problem, no panic, no hang, no key changed"))
 }
 
-async fn coordinator() -> bool {
+fn main() {
+    if common::worker::role().is_some() {
+        common::runner::runtime().block_on(worker());
+        return;
+    }
+    let mut r = Runner::new();
+    let limit = Duration::from_secs(120);
     let mut redis = RedisServer::start();
     let store_server = RedisServer::start();
-    let env = Conn {
-        url: redis.url(),
-        store_url: store_server.url(),
-        admin: redis.client().await,
-        store: store_server.client().await,
-        primaries: Vec::new(),
-    };
-    let mut passed = 0;
-    let mut failed = 0;
-    let only = std::env::var("WAITLOCK_FAULTS_ONLY").unwrap_or_default();
-    macro_rules! scenario {
-        ($name:expr, $f:expr) => {{
-            if $name.starts_with(only.as_str()) {
-                let started = Instant::now();
-                let r = tokio::time::timeout(Duration::from_secs(120), $f)
-                    .await
-                    .unwrap_or_else(|_| Err("timed out after 120 s".into()));
-                let secs = started.elapsed().as_secs_f64();
-                match r {
-                    Ok(summary) => {
-                        passed += 1;
-                        println!("scenario {} ... ok ({secs:.1} s): {summary}", $name);
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        println!("scenario {} ... FAILED ({secs:.1} s): {e}", $name);
-                    }
-                }
-            } else {
-                println!(
-                    "scenario {} ... not run (WAITLOCK_FAULTS_ONLY={only})",
-                    $name
-                );
-            }
-        }};
-    }
-    scenario!("1 steady contention", scenario_steady(&env));
-    scenario!("2 connections killed", scenario_kill_connections(&env));
-    scenario!(
-        "3 redis killed and restarted",
-        scenario_redis_restart(&env, |_| redis.restart())
+    let env = r.rt.block_on(async {
+        Conn {
+            url: redis.url(),
+            store_url: store_server.url(),
+            admin: redis.client().await,
+            store: store_server.client().await,
+            primaries: Vec::new(),
+        }
+    });
+    r.run("1 steady contention", limit, scenario_steady(&env));
+    r.run(
+        "2 connections killed",
+        limit,
+        scenario_kill_connections(&env),
     );
-    scenario!("4 holder killed", scenario_holder_killed(&env));
-    scenario!("5 holder frozen past its TTL", scenario_holder_frozen(&env));
-    scenario!("6 redis frozen", scenario_redis_frozen(&env, &mut redis));
-    scenario!("7 bad input", scenario_bad_input(&env));
+    r.run(
+        "3 redis killed and restarted",
+        limit,
+        scenario_redis_restart(&env, |_| redis.restart()),
+    );
+    r.run("4 holder killed", limit, scenario_holder_killed(&env));
+    r.run(
+        "5 holder frozen past its TTL",
+        limit,
+        scenario_holder_frozen(&env),
+    );
+    r.run(
+        "6 redis frozen",
+        limit,
+        scenario_redis_frozen(&env, &mut redis),
+    );
+    r.run("7 bad input", limit, scenario_bad_input(&env));
     // Scenarios 1-3 again, on a local 3-primary Redis Cluster.
-    if "c".starts_with(only.as_str()) || only.starts_with('c') {
+    let on_cluster = [
+        "c1 steady contention on a cluster",
+        "c2 connections killed on every primary",
+        "c3 the key's primary killed and restarted empty",
+    ];
+    if on_cluster.iter().any(|n| r.selected(n)) {
         let mut cluster = common::cluster::RedisCluster::start(3, 0);
         let node = format!("redis://127.0.0.1:{}", cluster.nodes[0].port);
-        let cenv = Conn {
-            url: cluster.url(),
-            store_url: env.store_url.clone(),
-            admin: client_for(&node).await,
-            store: env.store.clone(),
-            primaries: cluster.primaries(),
-        };
-        scenario!("c1 steady contention on a cluster", scenario_steady(&cenv));
-        scenario!(
-            "c2 connections killed on every primary",
-            scenario_kill_connections(&cenv)
-        );
-        scenario!(
-            "c3 the key's primary killed and restarted empty",
+        let cenv = r.rt.block_on(async {
+            Conn {
+                url: cluster.url(),
+                store_url: env.store_url.clone(),
+                admin: client_for(&node).await,
+                store: env.store.clone(),
+                primaries: cluster.primaries(),
+            }
+        });
+        r.run(on_cluster[0], limit, scenario_steady(&cenv));
+        r.run(on_cluster[1], limit, scenario_kill_connections(&cenv));
+        r.run(
+            on_cluster[2],
+            limit,
             scenario_redis_restart(&cenv, |key| {
                 let slot =
                     waitlock::fred::util::redis_keyslot(format!("waitlock:{key}").as_bytes());
@@ -1199,30 +1108,8 @@ async fn coordinator() -> bool {
                     n.restart();
                 }
                 cluster.wait_ok();
-            })
+            }),
         );
     }
-    println!("\nfaults: {passed} passed, {failed} failed");
-    failed == 0
-}
-
-fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    if std::env::var("F_WORKER").is_ok() {
-        rt.block_on(worker());
-        return;
-    }
-    // libtest-style flags (e.g. `cargo test -- --nocapture`) are accepted and ignored; a name
-    // filter that matches no scenario runs none of them.
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.as_deref().is_some_and(|f| !"faults".contains(f)) {
-        println!("faults: 0 passed, 0 failed (filtered out)");
-        return;
-    }
-    if !rt.block_on(coordinator()) {
-        std::process::exit(1);
-    }
+    r.finish("faults");
 }

@@ -6,63 +6,47 @@
 
 mod common;
 
+use common::runner::Runner;
+use common::worker::{field, Pipe, Proc};
 use common::{now_ns, RedisServer, Seeded};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
-// ------------------------------------------------------------------ child processes
+// ------------------------------------------------------------------ worker processes
 
-/// `QUEUE_CHILD=waiters`: reads `wait <id>` lines and starts one `acquire_wait` per line; prints
-/// `ACQ <id> <ns>` when it holds the lock, holds `QUEUE_HOLD_MS`, releases, prints `REL <id> <ns>`.
-/// `QUEUE_CHILD=contend`: `QUEUE_TASKS` tasks loop acquire / hold / release until `stop`, each
+/// Role `waiters`: reads `wait <id>` lines and starts one `acquire_wait` per line; prints
+/// `ACQ <id> <ns>` when it holds the lock, holds `Q_HOLD_MS`, releases, prints `REL <id> <ns>`.
+/// Role `contend`: `Q_TASKS` tasks loop acquire / hold / release until `stop`, each
 /// acquisition printed as `A <task> <acquired ns> <released ns> <fence> <1 if valid throughout>`.
 async fn child(mode: &str) {
-    let url = std::env::var("QUEUE_URL").expect("QUEUE_URL");
-    let key = std::env::var("QUEUE_KEY").expect("QUEUE_KEY");
-    let hold = Duration::from_millis(common::env_num("QUEUE_HOLD_MS"));
+    let url = common::env("Q_URL");
+    let key = common::env("Q_KEY");
+    let hold = Duration::from_millis(common::env_num("Q_HOLD_MS"));
     let locker = PubSubLocker::connect(&url)
         .await
         .expect("child connects")
         .build_pubsub()
         .await
         .expect("child pubsub");
-    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-    let printer = std::thread::spawn(move || {
-        let mut out = std::io::stdout();
-        while let Some(line) = rx.blocking_recv() {
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
-        }
-    });
-    let ttl = match common::env_num("QUEUE_TTL_MS") {
+    let mut pipe = Pipe::open();
+    let ttl = match common::env_num("Q_TTL_MS") {
         0 => Duration::from_secs(10),
         ms => Duration::from_millis(ms),
     };
     let opts = LockOptions::new()
         .with_ttl(ttl)
         .with_wait(Duration::from_secs(30));
-    let (lines_tx, mut lines) = mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let _ = tx.send("ready".into());
+    pipe.say("ready");
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     if mode == "contend" {
-        for t in 0..common::env_num("QUEUE_TASKS") {
+        for t in 0..common::env_num("Q_TASKS") {
             let (locker, opts, tx, key, stop) = (
                 locker.clone(),
                 opts.clone(),
-                tx.clone(),
+                pipe.out.clone(),
                 key.clone(),
                 stop.clone(),
             );
@@ -90,14 +74,14 @@ async fn child(mode: &str) {
             }));
         }
     }
-    while let Some(line) = lines.recv().await {
+    while let Some(line) = pipe.input.recv().await {
         let mut words = line.split(' ');
         match (words.next(), words.next()) {
             (Some("wait"), Some(id)) => {
                 let (locker, opts, tx, key, id) = (
                     locker.clone(),
                     opts.clone(),
-                    tx.clone(),
+                    pipe.out.clone(),
                     key.clone(),
                     id.to_owned(),
                 );
@@ -125,112 +109,23 @@ async fn child(mode: &str) {
     for t in tasks {
         let _ = t.await;
     }
-    let _ = tx.send("done".into());
-    drop(tx);
-    let _ = printer.join();
+    pipe.say("done");
+    pipe.close();
 }
 
-/// A child process, killed by pid when dropped.
-struct Proc {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::UnboundedReceiver<String>,
-    seen: Vec<String>,
-}
-
-impl Proc {
-    fn spawn(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64) -> Proc {
-        Self::spawn_with_ttl(mode, url, key, hold_ms, tasks, 0)
-    }
-
-    /// As `spawn`, with the waiters' TTL in ms (0: 10 s).
-    fn spawn_with_ttl(
-        mode: &str,
-        url: &str,
-        key: &str,
-        hold_ms: u64,
-        tasks: u64,
-        ttl_ms: u64,
-    ) -> Proc {
-        let mut child = Command::new(std::env::current_exe().expect("exe"))
-            .env("QUEUE_CHILD", mode)
-            .env("QUEUE_TTL_MS", ttl_ms.to_string())
-            .env("QUEUE_URL", url)
-            .env("QUEUE_KEY", key)
-            .env("QUEUE_HOLD_MS", hold_ms.to_string())
-            .env("QUEUE_TASKS", tasks.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        Proc {
-            child,
-            stdin,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    async fn expect(&mut self, prefix: &str, limit: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(l)) => {
-                    self.seen.push(l.clone());
-                    if l.starts_with(prefix) {
-                        return Ok(l);
-                    }
-                }
-                Ok(None) => return Err(format!("child exited before printing {prefix:?}")),
-                Err(_) => return Err(format!("no {prefix:?} line within {limit:?}")),
-            }
-        }
-    }
-
-    /// Every line printed so far (without waiting).
-    fn drain(&mut self) -> &[String] {
-        while let Ok(l) = self.lines.try_recv() {
-            self.seen.push(l);
-        }
-        &self.seen
-    }
-
-    fn send(&mut self, line: &str) {
-        if let Some(s) = self.stdin.as_mut() {
-            let _ = writeln!(s, "{line}");
-            let _ = s.flush();
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.signal("-CONT");
-            self.kill();
-        }
-    }
+/// A worker of this suite: `mode` is its role; holds of `hold_ms`, `tasks` contending tasks,
+/// waiters' TTL `ttl_ms` (0: 10 s).
+fn worker(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64, ttl_ms: u64) -> Proc {
+    Proc::spawn(
+        mode,
+        &[
+            ("Q_URL", url.to_owned()),
+            ("Q_KEY", key.to_owned()),
+            ("Q_HOLD_MS", hold_ms.to_string()),
+            ("Q_TASKS", tasks.to_string()),
+            ("Q_TTL_MS", ttl_ms.to_string()),
+        ],
+    )
 }
 
 // ------------------------------------------------------------------ helpers
@@ -259,13 +154,6 @@ async fn queued(locker: &Locker, key: &str, n: usize) -> Result<(), String> {
     }
 }
 
-fn field(line: &str, i: usize) -> u64 {
-    line.split(' ')
-        .nth(i)
-        .and_then(|x| x.parse().ok())
-        .unwrap_or(0)
-}
-
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
@@ -281,7 +169,7 @@ async fn fifo_across_three_processes(url: &str) -> Result<String, String> {
         .await
         .map_err(|e| e.to_string())?;
     let mut procs: Vec<Proc> = (0..3)
-        .map(|_| Proc::spawn("waiters", url, key, 1, 0))
+        .map(|_| worker("waiters", url, key, 1, 0, 0))
         .collect();
     for p in procs.iter_mut() {
         p.expect("ready", Duration::from_secs(20)).await?;
@@ -319,8 +207,8 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
         .acquire(&key, &LockOptions::new())
         .await
         .map_err(|e| e.to_string())?;
-    let mut doomed = Proc::spawn("waiters", url, &key, 1, 0);
-    let mut survivor = Proc::spawn("waiters", url, &key, 1, 0);
+    let mut doomed = worker("waiters", url, &key, 1, 0, 0);
+    let mut survivor = worker("waiters", url, &key, 1, 0, 0);
     doomed.expect("ready", Duration::from_secs(20)).await?;
     survivor.expect("ready", Duration::from_secs(20)).await?;
     for i in 0..n {
@@ -397,8 +285,8 @@ async fn frozen_before_release(
         .acquire(key, &LockOptions::new())
         .await
         .map_err(|e| e.to_string())?;
-    let mut frozen = Proc::spawn_with_ttl("waiters", url, key, 1, 0, ttl_ms);
-    let mut live = Proc::spawn_with_ttl("waiters", url, key, 1, 0, ttl_ms);
+    let mut frozen = worker("waiters", url, key, 1, 0, ttl_ms);
+    let mut live = worker("waiters", url, key, 1, 0, ttl_ms);
     frozen.expect("ready", Duration::from_secs(20)).await?;
     live.expect("ready", Duration::from_secs(20)).await?;
     frozen.send("wait f0");
@@ -429,7 +317,7 @@ async fn frozen_before_release(
 async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, String> {
     let key = "frozen-procs";
     let mut procs: Vec<Proc> = (0..3)
-        .map(|_| Proc::spawn_with_ttl("contend", url, key, 1, 2, 2000))
+        .map(|_| worker("contend", url, key, 1, 2, 2000))
         .collect();
     for p in procs.iter_mut() {
         p.expect("ready", Duration::from_secs(20)).await?;
@@ -713,71 +601,51 @@ async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
 // ------------------------------------------------------------------ runner
 
 fn main() {
-    if let Ok(mode) = std::env::var("QUEUE_CHILD") {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(child(&mode));
+    if let Some(mode) = common::worker::role() {
+        common::runner::runtime().block_on(child(&mode));
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let mut r = Runner::new();
     let server = RedisServer::start();
     let url = server.url();
-    let (mut passed, mut failed) = (0, 0);
-    macro_rules! scenario {
-        ($name:literal, $f:expr) => {{
-            let t = std::time::Instant::now();
-            print!("test {} ... ", $name);
-            let _ = std::io::stdout().flush();
-            match rt.block_on(async { tokio::time::timeout(Duration::from_secs(120), $f).await }) {
-                Ok(Ok(line)) => {
-                    passed += 1;
-                    println!("ok ({:.1} s): {line}", t.elapsed().as_secs_f64());
-                }
-                Ok(Err(e)) => {
-                    failed += 1;
-                    println!("FAILED ({:.1} s): {e}", t.elapsed().as_secs_f64());
-                }
-                Err(_) => {
-                    failed += 1;
-                    println!("FAILED: no end within 120 s");
-                }
-            }
-        }};
-    }
-    scenario!(
+    let limit = Duration::from_secs(120);
+    r.run(
         "fifo_across_three_processes",
-        fifo_across_three_processes(&url)
+        limit,
+        fifo_across_three_processes(&url),
     );
-    scenario!("crashed_process_with_1_waiter", crashed_waiters(&url, 1));
-    scenario!(
+    r.run(
+        "crashed_process_with_1_waiter",
+        limit,
+        crashed_waiters(&url, 1),
+    );
+    r.run(
         "crashed_process_with_100_waiters",
-        crashed_waiters(&url, 100)
+        limit,
+        crashed_waiters(&url, 100),
     );
-    scenario!("frozen_grantee", frozen_grantee(&url));
-    scenario!(
+    r.run("frozen_grantee", limit, frozen_grantee(&url));
+    r.run(
         "frozen_right_before_its_grant",
-        frozen_right_before_its_grant(&url)
+        limit,
+        frozen_right_before_its_grant(&url),
     );
-    scenario!(
+    r.run(
         "frozen_processes_do_not_slow_the_live_one",
-        frozen_processes_do_not_slow_the_live_one(&url)
+        limit,
+        frozen_processes_do_not_slow_the_live_one(&url),
     );
-    scenario!(
+    r.run(
         "others_do_not_jump_the_queue",
-        others_do_not_jump_the_queue(&url)
+        limit,
+        others_do_not_jump_the_queue(&url),
     );
-    scenario!("grant_race_hunt", grant_race_hunt(&url));
-    scenario!("cancelled_after_the_grant", cancelled_after_the_grant(&url));
+    r.run("grant_race_hunt", limit, grant_race_hunt(&url));
+    r.run(
+        "cancelled_after_the_grant",
+        limit,
+        cancelled_after_the_grant(&url),
+    );
     drop(server);
-    println!("queue: {passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    r.finish("queue");
 }

@@ -229,19 +229,25 @@ impl Waiting {
             hub: if member.is_empty() { "" } else { &req.hub },
             ..Call::new(&req.names, &req.token)
         };
-        // An attempt whose outcome is unknown (dropped, or timed out: it may still run) gives
-        // back whatever it may take, in order before the request's next call. A queued
-        // waiter's own residue does that for its attempts.
+        // An attempt whose outcome is unknown (dropped, or timed out: it may still run), or a
+        // hold it took that is not handed to the caller, is given back, in order before the
+        // request's next call. A queued waiter's own residue does that for its attempts. The
+        // first attempt of a fixed token is left alone: the token may have held the lock before
+        // this request.
         let mut residue = ResidueGuard {
             engine,
             names: &req.names,
             token: &req.token,
-            armed: member.is_empty(),
+            armed: member.is_empty() && (req.own_token || !first),
         };
         let reply = engine.attempt_on(client, &call, limit).await;
-        residue.armed &= matches!(&reply, Err(e) if e.is_transient());
+        if matches!(&reply, Ok(Attempt::Locked { .. }))
+            || matches!(&reply, Err(e) if !e.is_transient())
+        {
+            residue.armed = false;
+        }
         let ttl = req.plan.ttl();
-        let step = match reply {
+        let hold = match reply {
             Ok(Attempt::Acquired { fence }) => Hold::sent(fence, sent_at, ttl),
             // A grant of ours (its message was lost, or crossed this check), or our own
             // attempt sent twice by fred. Only the first attempt of a fixed token can find a
@@ -252,10 +258,11 @@ impl Waiting {
                 Hold::sent(fence, sent_at, remaining.unwrap_or(ttl))
             }
             Ok(Attempt::AlreadyHeld { remaining, .. }) => {
+                residue.armed = false;
                 return Err(Error::AlreadyHeld {
                     key: req.names.key.clone(),
                     remaining_ttl: remaining,
-                })
+                });
             }
             Ok(Attempt::Locked { remaining, queued }) => {
                 self.last_error = None;
@@ -265,21 +272,32 @@ impl Waiting {
                     sent_at,
                 });
             }
-            Err(e) if e.is_transient() && !self.wait.is_zero() => {
-                // A timeout that only the wait deadline caused says nothing about Redis: the
-                // earlier attempts' outcome stands (none: `WaitTimeout`).
-                if !(cut && matches!(e, Error::Timeout { .. })) {
-                    self.last_error = Some(e);
-                }
-                return Ok(Step::Failed);
-            }
-            Err(e) => return Err(e),
+            Err(e) => return self.failed(e, cut),
         };
-        match req.full_lease(engine, client, step, true).await? {
-            Some(g) => Ok(Step::Won(g)),
+        match req.full_lease(engine, client, hold, true).await {
+            Ok(Some(g)) => {
+                residue.armed = false;
+                Ok(Step::Won(g))
+            }
             // Held by our token a moment ago, gone now (it expired): try again.
-            None => Ok(Step::Failed),
+            Ok(None) => Ok(Step::Failed),
+            Err(e) => self.failed(e, cut),
         }
+    }
+
+    /// An attempt that failed: a connection error or timeout is worth retrying until the
+    /// deadline (and is remembered for the give-up rule, except a timeout that only the wait
+    /// deadline caused); others end the wait.
+    fn failed(&mut self, e: Error, cut: bool) -> Result<Step> {
+        if !e.is_transient() || self.wait.is_zero() {
+            return Err(e);
+        }
+        // A timeout that only the wait deadline caused says nothing about Redis: the earlier
+        // attempts' outcome stands (none: `WaitTimeout`).
+        if !(cut && matches!(e, Error::Timeout { .. })) {
+            self.last_error = Some(e);
+        }
+        Ok(Step::Failed)
     }
 
     /// The error of a wait that ran out: the last attempt's connection error, if it failed

@@ -2,7 +2,9 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod runner;
 pub mod sentinel;
+pub mod worker;
 
 use fred::prelude::*;
 use std::io::{Read, Write};

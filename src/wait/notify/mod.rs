@@ -309,13 +309,19 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             counters.woke(Some(WakeReason::Notification));
             // Boxed (as the attempts): its call state would otherwise size every waiting
             // future.
-            if let Some(g) = Box::pin(take_grant(engine, hub, req, &client, anchor, grant)).await? {
-                queue.armed = false;
-                return Ok(g);
+            match Box::pin(take_grant(engine, hub, req, &client, anchor, grant)).await {
+                Ok(Some(g)) => {
+                    queue.armed = false;
+                    return Ok(g);
+                }
+                // The grant lapsed before we could confirm it: this process may have been
+                // judged frozen, and its other waiters on the key skipped. They all look again.
+                Ok(None) => hub.wake_channel(&slot.channel, WakeReason::Resumed),
+                // Its confirmation got no answer (it may still run): look again; a hold of ours
+                // is then ours to keep, or given back by the queue residue.
+                Err(e) if e.is_transient() => {}
+                Err(e) => return Err(e),
             }
-            // The grant lapsed before we could confirm it: this process may have been judged
-            // frozen, and its other waiters on the key skipped. They all look again.
-            hub.wake_channel(&slot.channel, WakeReason::Resumed);
             check = true;
             continue;
         }
