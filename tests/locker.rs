@@ -515,3 +515,35 @@ async fn stats_count_outcomes_waits_and_losses() {
         "{s:?}"
     );
 }
+
+/// A server that may evict keys is refused when connecting (an evicted lock lets a second
+/// holder in), with the reason and the setting that fixes it; allowing eviction connects.
+#[tokio::test]
+async fn a_server_that_evicts_is_refused_at_connect() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl"]);
+    let e = Locker::connect(&server.url())
+        .await
+        .expect_err("an evicting server must be refused");
+    let text = e.to_string();
+    assert!(
+        text.contains("volatile-ttl") && text.contains("noeviction"),
+        "{text}"
+    );
+    let opts = waitlock::ConnectOptions::new().with_eviction_allowed();
+    let locker = Locker::connect_with(&server.url(), &opts)
+        .await
+        .expect("allowed")
+        .build()
+        .expect("locker");
+    let g = locker
+        .acquire("k", &LockOptions::new())
+        .await
+        .expect("acquire");
+    g.release().await.expect("release");
+    // No limit, or the noeviction policy: fine as they are.
+    let ok = RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "noeviction"]);
+    let _builder = Locker::connect(&ok.url())
+        .await
+        .expect("noeviction connects");
+}

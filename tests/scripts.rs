@@ -477,7 +477,10 @@ async fn every_transition_of_every_script() {
     for row in rows() {
         let _: Value = run(&c, vec!["FLUSHALL".into()]).await;
         let time: Vec<String> = c
-            .custom(CustomCommand::new_static("TIME", None, false), Vec::<String>::new())
+            .custom(
+                CustomCommand::new_static("TIME", None, false),
+                Vec::<String>::new(),
+            )
             .await
             .expect("TIME");
         let now_ms = time[0].parse::<u64>().expect("secs") * 1000
@@ -590,7 +593,11 @@ async fn every_transition_of_every_script() {
                 Check::Messages(want) => {
                     assert_eq!(seen.len(), want.len(), "{}: messages {seen:?}", row.name);
                     for (s, w) in seen.iter().zip(want.iter()) {
-                        assert!(s.starts_with(w), "{}: message {s:?}, expected {w:?}", row.name);
+                        assert!(
+                            s.starts_with(w),
+                            "{}: message {s:?}, expected {w:?}",
+                            row.name
+                        );
                     }
                 }
             }
@@ -606,12 +613,10 @@ async fn a_foreign_fence_key_leaves_no_lock() {
     let server = RedisServer::start();
     let c = server.client().await;
     let _: Value = run(&c, vec!["RPUSH".into(), F.into(), "x".into()]).await;
-    let argv: Vec<String> = [
-        "T", "10000", "3600000", "500", "100", "", "", "", "",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let argv: Vec<String> = ["T", "10000", "3600000", "500", "100", "", "", "", ""]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let e = c
         .eval::<Vec<i64>, _, _, _>(scripts::ACQUIRE, vec![L, F, Q, P], argv)
         .await

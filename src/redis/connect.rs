@@ -5,7 +5,7 @@ use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
-use fred::types::Builder;
+use fred::types::{Builder, CustomCommand};
 use std::time::Duration;
 
 /// The default time limit of [`Locker::connect`](crate::Locker::connect).
@@ -28,6 +28,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 #[must_use]
 pub struct ConnectOptions {
     timeout: Duration,
+    eviction_allowed: bool,
     #[cfg(feature = "tls-rustls")]
     tls: Option<crate::TlsOptions>,
 }
@@ -36,6 +37,7 @@ impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
             timeout: DEFAULT_CONNECT_TIMEOUT,
+            eviction_allowed: false,
             #[cfg(feature = "tls-rustls")]
             tls: None,
         }
@@ -55,6 +57,15 @@ impl ConnectOptions {
     /// non-zero. Defaults to 5 s.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Connects to a server that may evict keys (`maxmemory` set with a policy other than
+    /// `noeviction`), which connecting refuses by default: an evicted lock key lets a second
+    /// holder in, and `volatile-ttl` evicts the shortest TTLs (short grants) first. Only for
+    /// servers whose memory you know will not run out. Defaults to refusing.
+    pub fn with_eviction_allowed(mut self) -> Self {
+        self.eviction_allowed = true;
         self
     }
 
@@ -178,7 +189,13 @@ pub(crate) async fn connect_client(
     // `init` resolves on the first connection attempt's outcome; if it fails the router task
     // is stopped, so nothing is left behind.
     match tokio::time::timeout(limit, client.init()).await {
-        Ok(Ok(_)) => Ok(client),
+        Ok(Ok(_)) => match check_server(&client, limit, opts).await {
+            Ok(()) => Ok(client),
+            Err(e) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
+                Err(e)
+            }
+        },
         Ok(Err(source)) => Err(Error::Redis {
             key: String::new(),
             op: "connect",
@@ -197,6 +214,69 @@ pub(crate) async fn connect_client(
             })
         }
     }
+}
+
+/// The server must be one waitlock can rely on: Redis 7.0 or later (`SET ... NX GET`, sharded
+/// pub/sub), and it must never evict a lock: eviction off (`maxmemory 0`) or the `noeviction`
+/// policy (any other policy may evict a lock key, its shortest TTL first with `volatile-ttl`,
+/// and two holders follow), unless `opts` allows eviction. A server that will not say (`CONFIG`
+/// renamed away or refused by an ACL) gets a warning in the log, not an error.
+async fn check_server(client: &Client, limit: Duration, opts: &ConnectOptions) -> Result<()> {
+    let refuse = |why: String| Error::Redis {
+        key: String::new(),
+        op: "connect",
+        source: FredError::new(ErrorKind::Config, why),
+    };
+    let info = client.custom::<String, _>(
+        CustomCommand::new_static("INFO", None, false),
+        vec!["server"],
+    );
+    if let Ok(Ok(info)) = tokio::time::timeout(limit, info).await {
+        if let Some(version) = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .map(str::trim)
+        {
+            let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            if (major, minor) < (7, 0) {
+                return Err(refuse(format!(
+                    "the server runs Redis {version}; waitlock needs Redis 7.0 or later \
+                     (SET NX GET, sharded pub/sub)"
+                )));
+            }
+        }
+    }
+    if opts.eviction_allowed {
+        return Ok(());
+    }
+    let ask = client.custom::<Vec<String>, _>(
+        CustomCommand::new_static("CONFIG", None, false),
+        vec!["GET", "maxmemory*"],
+    );
+    let config = match tokio::time::timeout(limit, ask).await {
+        Ok(Ok(pairs)) => pairs,
+        _ => {
+            tracing::warn!("could not read the server's maxmemory settings (CONFIG GET); make sure it never evicts keys (maxmemory-policy noeviction): an evicted lock lets a second holder in");
+            return Ok(());
+        }
+    };
+    let get = |name: &str| {
+        config
+            .chunks(2)
+            .find(|kv| kv.first().map(String::as_str) == Some(name))
+            .and_then(|kv| kv.get(1).cloned())
+            .unwrap_or_default()
+    };
+    let (maxmemory, policy) = (get("maxmemory"), get("maxmemory-policy"));
+    if maxmemory != "0" && !maxmemory.is_empty() && policy != "noeviction" {
+        return Err(refuse(format!(
+            "the server may evict keys (maxmemory {maxmemory}, maxmemory-policy {policy}): an \
+             evicted lock lets a second holder in; set maxmemory-policy noeviction (or allow \
+             it with ConnectOptions::with_eviction_allowed)"
+        )));
+    }
+    Ok(())
 }
 
 /// fred's connection error with what it most likely means put first, in words (fred and
