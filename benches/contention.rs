@@ -120,7 +120,11 @@ async fn worker() {
     let tasks = env_num("BENCH_TASKS") as usize;
     let iters = env_num("BENCH_ITERS") as usize;
     let base = env_num("BENCH_BASE_ID") as usize;
-    let builder = Locker::connect(&url).await.expect("worker connect");
+    let mut builder = Locker::connect(&url).await.expect("worker connect");
+    // To compare handoff designs: 0 makes every handoff a short grant its waiter confirms.
+    if let Ok(ms) = std::env::var("BENCH_PRESENCE_MS").map(|v| v.parse().unwrap_or(100)) {
+        builder = builder.presence_window(Duration::from_millis(ms));
+    }
     let locker = Arc::new(if kind == "pubsub" {
         AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub"))
     } else {

@@ -64,6 +64,7 @@ enum Check {
 struct Row {
     name: &'static str,
     /// Commands run before the call; `{now}` is Redis' clock in ms, `{old}` ten seconds ago,
+    /// `{soon}` in five seconds,
     /// `{queue:N}` adds N waiters of the dead process at the head.
     setup: &'static [&'static str],
     script: &'static str,
@@ -114,7 +115,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, 0, _]",
+            reply: "[2, _, 1, 1, 100, 1, _]",
             checks: &[
                 Get(L, Some("qH")),
                 Queue(&[M_LIVE]),
@@ -131,7 +132,7 @@ fn rows() -> Vec<Row> {
                 hub: DEAD,
                 ..args("z1")
             },
-            reply: "[2, _, 1, 0, 100, 0, _]",
+            reply: "[2, _, 1, 0, 100, 1, _]",
             checks: &[Queue(&[M_DEAD])],
         },
         Row {
@@ -164,11 +165,47 @@ fn rows() -> Vec<Row> {
             call: args("H"),
             reply: "[2]",
             checks: &[
-                Get(L, Some("qw1")),
+                Get(L, Some("hw1")),
                 Pttl(19_900, 20_000),
                 Queue(&[M_LIVE2]),
                 FenceNow(" q"),
                 Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 20000 x1"]),
+            ],
+        },
+        Row {
+            name: "a busy queue keeps its watchers: a grant sends no watch message",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 3 aaaaaaaaaaaa_20000_w2",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+                "HSET {P} !w1 {soon}_bbbbbbbbbbbb_30000_x1",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[Get(L, Some("hw1")), Messages(&["aaaaaaaaaaaa: g2 "])],
+        },
+        Row {
+            name: "a watcher that would look after a shorter lease ends is told again",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {old}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+                "HSET {P} !w1 {soon}_bbbbbbbbbbbb_30000_x1",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("gw1")),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 500 x1"]),
             ],
         },
         Row {
@@ -202,7 +239,7 @@ fn rows() -> Vec<Row> {
             script: scripts::RELEASE,
             call: args("H"),
             reply: "[2]",
-            checks: &[Get(L, Some("qw1")), Queue(&[]), Messages(&["aaaaaaaaaaaa: g2 "])],
+            checks: &[Get(L, Some("hw1")), Queue(&[]), Messages(&["aaaaaaaaaaaa: g2 "])],
         },
         Row {
             name: "release with only dead waiters: deleted, hints and process records gone",
@@ -240,7 +277,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: args("T"),
             reply: "[2, 20000, 0]",
-            checks: &[Get(L, Some("qw1")), Messages(&["aaaaaaaaaaaa: g2 "])],
+            checks: &[Get(L, Some("hw1")), Messages(&["aaaaaaaaaaaa: g2 "])],
         },
         Row {
             name: "acquire by the queue's head itself: taken, out of the queue",
@@ -273,7 +310,7 @@ fn rows() -> Vec<Row> {
             call: args("T"),
             reply: "[2, 30000, 0]",
             checks: &[
-                Get(L, Some("qx1")),
+                Get(L, Some("hx1")),
                 Queue(&[]),
                 Process(LIVE, Some("x")),
                 Messages(&["bbbbbbbbbbbb: g2 "]),
@@ -292,7 +329,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE,
                 ..args("w2")
             },
-            reply: "[2, _, 1, 1, 100, 0, _]",
+            reply: "[2, _, 1, 1, 100, 1, _]",
             checks: &[Process(LIVE, Some("now")), Queue(&[M_LIVE_B])],
         },
         Row {
@@ -360,11 +397,23 @@ fn rows() -> Vec<Row> {
                 ..args("w1")
             },
             reply: "[2]",
-            checks: &[Get(L, Some("qx1")), Messages(&["bbbbbbbbbbbb: g2 "])],
+            checks: &[Get(L, Some("hx1")), Messages(&["bbbbbbbbbbbb: g2 "])],
         },
         Row {
             name: "leave o with another fence: a newer grant to the same token is kept",
-            setup: &["SET {L} qw1 PX 20000", "SET {F} 200_q PX 60000"],
+            setup: &["SET {L} hw1 PX 20000", "SET {F} 200_q PX 60000"],
+            script: scripts::LEAVE,
+            call: Args {
+                flag: "o",
+                fence: "100",
+                ..args("w1")
+            },
+            reply: "[0]",
+            checks: &[Get(L, Some("hw1"))],
+        },
+        Row {
+            name: "leave o of a grant its waiter claimed by its own call: kept",
+            setup: &["SET {L} qw1 PX 20000", "SET {F} 100_q PX 60000"],
             script: scripts::LEAVE,
             call: Args {
                 flag: "o",
@@ -375,8 +424,21 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, Some("qw1"))],
         },
         Row {
+            name: "acquire by the holder of an unclaimed full grant (its message lost): claimed",
+            setup: &["SET {L} hw1 PX 20000", "SET {F} 100_q PX 60000"],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ttl: 20_000,
+                ..args("w1")
+            },
+            reply: "[1, _, 100]",
+            checks: &[Get(L, Some("qw1")), Pttl(19_000, 20_000)],
+        },
+        Row {
             name: "leave o with the grant's fence: given back",
-            setup: &["SET {L} qw1 PX 20000", "SET {F} 100_q PX 60000"],
+            setup: &["SET {L} hw1 PX 20000", "SET {F} 100_q PX 60000"],
             script: scripts::LEAVE,
             call: Args {
                 flag: "o",
@@ -387,7 +449,7 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, None), Get(F, Some("100"))],
         },
         Row {
-            name: "the first waiter leaves: the next one is told to watch the lock",
+            name: "a waiter leaves: the lock keeps two watchers (one appointed and told)",
             setup: &[
                 "SET {L} qH PX 5000",
                 "SET {F} 100_q PX 60000",
@@ -428,6 +490,7 @@ fn words(cmd: &str, now_ms: u64) -> Vec<String> {
         .replace("{P}", P)
         .replace("{now}", &now_ms.to_string())
         .replace("{old}", &(now_ms - 10_000).to_string())
+        .replace("{soon}", &(now_ms + 5_000).to_string())
         .split(' ')
         .map(|w| w.replace('_', " "))
         .collect()

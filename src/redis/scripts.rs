@@ -59,8 +59,8 @@ pub(crate) struct Queued {
     pub(crate) deaf: bool,
     /// The latest fence when the attempt ran: only a grant with a higher one is new.
     pub(crate) fence: u64,
-    /// Our place in the queue (0: first, the one that watches the holder's lease).
-    pub(crate) rank: u64,
+    /// We are one of the lock's watchers: we look at the lock when the holder's lease ends.
+    pub(crate) watcher: bool,
     /// Redis' clock when the attempt ran (microseconds).
     pub(crate) redis_us: u64,
 }
@@ -332,12 +332,12 @@ impl Engine {
                     remaining: remaining(*pttl),
                     queued: None,
                 },
-                [reply::HELD, pttl, 1, listening, fence, rank, now] => Attempt::Locked {
+                [reply::HELD, pttl, 1, listening, fence, watcher, now] => Attempt::Locked {
                     remaining: remaining(*pttl),
                     queued: Some(Queued {
                         deaf: *listening == 0,
                         fence: (*fence).max(0) as u64,
-                        rank: (*rank).max(0) as u64,
+                        watcher: *watcher == 1,
                         redis_us: (*now).max(0) as u64,
                     }),
                 },

@@ -1,6 +1,6 @@
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply: {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
--- {1, pttl, fence} this token holds it already; {2, pttl, 0} another token holds it (pttl -1:
+-- {1, pttl, fence} this token holds it already (a full grant is claimed: 'h' becomes 'q'); {2, pttl, 0} another token holds it (pttl -1:
 -- no expiry); {2, pttl, 1, listening, fence, rank, time} the same, and MEMBER is queued:
 -- listening 0 says nobody listens on its process's grant channel (Redis dropped the
 -- subscription, e.g. when a Cluster slot moved), fence is the latest fence now (a grant
@@ -44,7 +44,11 @@ if not cur then
   return L.enqueue(px)
 end
 if holder_of(cur) == TOKEN then
-  if state_of(cur) == GRANTED then return {3, tonumber(TTL), slow().confirm_grant()} end
+  local state = state_of(cur)
+  if state == GRANTED then return {3, tonumber(TTL), slow().confirm_grant()} end
+  -- A full grant found by its waiter's own call (its message lost, or crossing the call):
+  -- claimed now, so that a late message cannot have it given back.
+  if state == HANDED then redis.call('SETRANGE', lock, 0, QUEUED) end
   return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', KEYS[2])))}
 end
 local pttl = redis.call('PTTL', lock)

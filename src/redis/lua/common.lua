@@ -13,6 +13,9 @@
 -- Lock value: one state letter, then the holder's token:
 --   'p' taken while nobody was queued (release may just DEL it),
 --   'q' held, waiters may be queued (release serves the queue),
+--   'h' handed by a full grant (PX = the waiter's TTL), not claimed by a call of its waiter
+--       yet (its waiter holds it when the message arrives, and may never call; a grant message
+--       that reaches a process whose waiter has gone gives back only an unclaimed grant),
 --   'g' handed by a short grant (PX = claim window) that its new holder has not confirmed yet:
 --       its process had not been seen lately, so its waiter confirms (extends) it before using it.
 -- Fence value: "<fence>", "<fence> q" (waiters may be queued) or "<fence> q <hub>" (the last
@@ -20,10 +23,11 @@
 -- Queue: a sorted set; member "<hub> <ttl ms> <token>", score = enqueue time in microseconds.
 -- Processes: a hash; field <hub> = Redis time in ms when that process last called on this key,
 --   or 'x' when its short grant lapsed (it is frozen or gone: its waiters are skipped until it
---   calls again). Deleted when the queue empties.
+--   calls again); fields '!w1', '!w2' = "<ms> <member>": the lock's two watchers (see `watch`)
+--   and when each will look. Deleted when the queue empties.
 -- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the lock is
---   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is now the
---   first waiter to watch the lock: the holder's lease ends in px ms).
+--   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is one of
+--   the lock's watchers: look at the lock in px ms, when the holder's lease ends).
 --
 -- ARGV (every script): token, ttl ms, retention ms (fence counter, queue, processes), claim
 -- window ms, presence window ms, queue member or '', caller's hub or '', flag, fence or ''.
@@ -31,7 +35,7 @@
 local TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local MEMBER, HUB, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
-local TAKEN, QUEUED, GRANTED = 'p', 'q', 'g'
+local TAKEN, QUEUED, HANDED, GRANTED = 'p', 'q', 'h', 'g'
 
 local function state_of(v) return string.sub(v, 1, 1) end
 local function holder_of(v) return string.sub(v, 2) end
@@ -158,30 +162,82 @@ local function slow()
     return k
   end
 
-  -- Tells the first waiter of each of the next two processes among `heads` (from index
-  -- `from`, at most 16 looked at, skipping process `skip`) that it is now the one to watch the
-  -- lock: the holder's lease ends in `px` ms (0: the lock is free, look now). Two, so that
-  -- one frozen process does not leave the lock unwatched.
-  local function watch(heads, from, skip, px)
-    local told = {}
-    local n = 0
-    for j = from, math.min(#heads, from + 15) do
-      local hub, _, token = split_member(heads[j])
-      if hub and hub ~= skip and not told[hub] then
-        local p = process(hub)
-        if p.is ~= 'gone' then
-          told[hub] = true
-          publish(p.how, hub, 'w2 ' .. px .. ' ' .. token)
-          n = n + 1
-          if n == 2 then return end
+  -- Watchers: two queued waiters of two processes look at the lock when its holder's lease
+  -- ends (a holder that crashed, or a short grant that lapsed, is then served at once). They
+  -- are recorded in the processes hash as '!w1' / '!w2' = "<ms when it looks> <member>", and
+  -- kept across grants while they stay queued and their process fresh: a busy queue appoints
+  -- (and messages) a watcher only once in a while. A watcher looks again when its look finds
+  -- the lock held (the reply says the new lease). New ones come from the back of the queue,
+  -- which is granted last.
+  local WATCHERS = {'!w1', '!w2'}
+
+  -- Keeps the watchers of the lock fit after a change: `skip` the process of a new holder
+  -- (its watchers would fail with it), `px` the lease that now ends first (ms from now; 0: the
+  -- lock is free, look now). Two watchers of two other processes, fresh ones first (a frozen
+  -- process is not fresh), current ones before new ones (a new one costs a message). A kept
+  -- watcher that would look later than the lease ends is told again.
+  local function watch(skip, px)
+    local until_ms = math.floor(now_us() / 1000) + px
+    local cands = {}
+    for _, field in ipairs(WATCHERS) do
+      local v = redis.call('HGET', pkey, field)
+      local at, m = nil, nil
+      if v then at, m = string.match(v, '^(%d+) (.*)$') end
+      if m and redis.call('ZSCORE', q, m) then
+        cands[#cands + 1] = {m = m, at = tonumber(at)}
+      end
+    end
+    local tail = redis.call('ZRANGE', q, -16, -1)
+    for j = #tail, 1, -1 do cands[#cands + 1] = {m = tail[j]} end
+    local chosen, hubs = {}, {}
+    local function pick(fresh_only, allow_skip)
+      for _, c in ipairs(cands) do
+        if #chosen == 2 then return end
+        local whub, _, wtoken = split_member(c.m)
+        if whub and not hubs[whub] and (allow_skip or whub ~= skip) then
+          local p = process(whub)
+          if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
+            hubs[whub] = true
+            c.hub, c.token, c.how = whub, wtoken, p.how
+            chosen[#chosen + 1] = c
+          end
         end
       end
     end
+    pick(true, false)
+    pick(false, false)
+    -- Only the new holder's own process is left: better one of its waiters than none.
+    if #chosen == 0 then pick(false, true) end
+    redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
+    for i, c in ipairs(chosen) do
+      if not c.at or until_ms < c.at then
+        publish(c.how, c.hub, 'w2 ' .. px .. ' ' .. c.token)
+        c.at = until_ms
+      end
+      redis.call('HSET', pkey, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
+    end
+  end
+
+  -- MEMBER, just queued with the lock's lease ending in `pttl` ms: whether it watches the
+  -- lock (it is a watcher, or there are fewer than two and it becomes one); records when it
+  -- will look.
+  local function watching(pttl)
+    local free = nil
+    for _, field in ipairs(WATCHERS) do
+      local v = redis.call('HGET', pkey, field)
+      local m = v and string.match(v, '^%d+ (.*)$')
+      if m == MEMBER then free = field break end
+      if not m and not free then free = field end
+    end
+    if not free then return 0 end
+    if pttl < 0 then pttl = 0 end
+    redis.call('HSET', pkey, free, string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
+    return 1
   end
 
   -- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
-  -- others. A fresh process gets the waiter's full TTL: its waiter holds the lock when the
-  -- message arrives, with no further step. A stale one gets the claim window (state 'g'): its
+  -- others. A fresh process gets the waiter's full TTL (state 'h'): its waiter holds the lock
+  -- when the message arrives, with no further step. A stale one gets the claim window (state 'g'): its
   -- waiter confirms before it uses the lock, and if it does not, the grant lapses. The waiters
   -- behind are told to watch the new holder's lease (see `watch`). Returns 'self' (the oldest
   -- live waiter is `self`: removed, nothing written), 'granted' and the PX, 'empty', or 'more'
@@ -206,21 +262,16 @@ local function slow()
         local pending = nil
         if more and not full then pending = hub end
         local f = next_fence(more, pending)
-        local state = full and QUEUED or GRANTED
+        local state = full and HANDED or GRANTED
         redis.call('SET', lock, state .. token, 'PX', px)
         publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
-        watch(heads, i + 1, hub, px)
+        watch(hub, px)
         return 'granted', px
       end
     end
     if #drop > 0 then redis.call('ZREM', q, unpack(drop)) end
     if #heads < SCAN then return 'empty' end
     return 'more'
-  end
-
-  -- After the first waiter left: the next ones watch the lock (its lease ends in `px` ms).
-  local function watch_head(px)
-    watch(redis.call('ZRANGE', q, 0, 15), 1, nil, px)
   end
 
   -- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
@@ -252,7 +303,8 @@ local function slow()
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
-  -- Returns the 'queued' reply: {2, pttl, 1, listening, fence, rank, Redis time us}.
+  -- Returns the 'queued' reply: {2, pttl, 1, listening, fence, watching, Redis time us}
+  -- (watching 1: the waiter looks at the lock when the lease ends, in pttl ms).
   local function enqueue(pttl)
     seen(HUB)
     local added = redis.call('ZADD', q, 'NX', now_us(), MEMBER)
@@ -262,10 +314,10 @@ local function slow()
     local f = fence_flags(true, pending, old or false)
     local listening = 0
     if listener(HUB) then listening = 1 end
-    return {2, pttl, 1, listening, f, redis.call('ZRANK', q, MEMBER), now_us()}
+    return {2, pttl, 1, listening, f, watching(pttl), now_us()}
   end
 
   return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
-    watch_head = watch_head}
+    watch = watch}
 end

@@ -1,23 +1,22 @@
--- A waiter leaves: MEMBER out of the queue (the next waiter is told to watch the lock when
--- MEMBER was the first); then, if TOKEN holds the lock, it gives it back (handed on or
--- deleted): FLAG 'G' whatever it holds, FLAG 'o' only while FENCE is still the lock's fence
+-- A waiter leaves: MEMBER out of the queue (when it watched the lock, another waiter is
+-- appointed); then, if TOKEN holds the lock, it gives it back (handed on or deleted): FLAG 'G' whatever it holds, FLAG 'o' only while FENCE is still the lock's fence
 -- (a grant whose waiter had gone: a newer grant to the same token is kept).
 -- Reply {0} it gave nothing back; {2} it gave the lock back; {4} it gave it back in part
 -- (departed waiters dropped, more to look at): call release to continue.
 local L = slow()
-if MEMBER ~= '' then
-  local rank = redis.call('ZRANK', KEYS[3], MEMBER)
-  redis.call('ZREM', KEYS[3], MEMBER)
-  if rank == 0 then
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl < 0 then pttl = 0 end
-    L.watch_head(pttl)
-  end
+if MEMBER ~= '' and redis.call('ZREM', KEYS[3], MEMBER) == 1 then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then pttl = 0 end
+  L.watch(nil, pttl)
 end
 local cur = redis.call('GET', KEYS[1])
 if not cur or holder_of(cur) ~= TOKEN then return {0} end
-if FLAG == 'o' and string.format('%.0f', (fence_parse(redis.call('GET', KEYS[2])))) ~= FENCE then
-  return {0}
+if FLAG == 'o' then
+  local state = state_of(cur)
+  if (state ~= HANDED and state ~= GRANTED)
+      or string.format('%.0f', (fence_parse(redis.call('GET', KEYS[2])))) ~= FENCE then
+    return {0}
+  end
 end
 if L.release_held(state_of(cur)) == 4 then return {4} end
 return {2}

@@ -7,10 +7,11 @@
 //! 3. **Queue.** An attempt that finds the lock held puts the waiter in the key's Redis queue
 //!    in the same script call.
 //! 4. **Wait** for the grant (the release made this waiter the holder and published the
-//!    grant, with its lease, on its channel). Only the first waiter of the queue watches the
-//!    holder's lease (it looks when the lease ends: a holder that crashed); the others sleep
-//!    until the grant path tells them they are first (a watch message), a wake-up (reconnect,
-//!    lost messages, the process was frozen) or the deadline.
+//!    grant, with its lease, on its channel). Two waiters of the queue, of two processes, watch
+//!    the holder's lease (they look when it ends: a holder that crashed, a short grant that
+//!    lapsed); Redis appoints them (a watch message, or the queueing reply) and keeps them
+//!    while they stay queued and fresh. The others sleep until their grant, a watch message, a
+//!    wake-up (reconnect, lost messages, the process was frozen) or the deadline.
 //! 5. **At the deadline** the wait ends at once; its queue entry is taken out in the
 //!    background (giving back a grant that raced the deadline).
 //!
@@ -37,10 +38,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
 
-/// How long a queued waiter that is not the first of its queue sleeps when nothing wakes it
+/// How long a queued waiter that does not watch the lock sleeps when nothing wakes it
 /// (jittered by ±25%): a last resort for a queue entry that vanished without a word (the queue
 /// key deleted by hand). Everything else wakes it: its grant, a watch message when it becomes
-/// the first waiter, a reconnect, lost messages, the process resuming from a freeze.
+/// a watcher, a reconnect, lost messages, the process resuming from a freeze.
 pub(crate) const SAFETY_INTERVAL: Duration = Duration::from_secs(100);
 
 /// Opens the subscriber connection with the client's config and starts the hub.
@@ -209,8 +210,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
     };
     let slot = &registration.slot;
     let mut anchor: Option<Anchor> = None;
-    // When this waiter looks at the lock next, if it is the queue's first (it watches the
-    // holder's lease).
+    // When this waiter looks at the lock next, if it is one of the lock's watchers.
     let mut watch: Option<Instant> = None;
     let mut check = true;
     let mut timer = Duration::ZERO;
@@ -268,9 +268,9 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                                 continue;
                             }
                             deaf = 0;
-                            // The first waiter looks when the holder's lease ends (plus a
-                            // little: PTTL rounds down); the others wait to be told.
-                            watch = (q.rank == 0).then(|| {
+                            // A watcher looks when the holder's lease ends (plus a little:
+                            // PTTL rounds down); the others wait to be told.
+                            watch = q.watcher.then(|| {
                                 now + remaining
                                     .map(|r| r + Duration::from_millis(1))
                                     .unwrap_or(SAFETY_INTERVAL)
@@ -326,7 +326,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             continue;
         }
         if let Some(px) = cell.take_watch() {
-            // We are the queue's first waiter now: look when the holder's lease ends.
+            // We are one of the lock's watchers now: look when the holder's lease ends.
             counters.woke(Some(WakeReason::Watch));
             watch = Some(Instant::now() + px + Duration::from_millis(1));
             check = false;
