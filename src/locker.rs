@@ -669,9 +669,16 @@ impl PubSubLocker {
     /// Takes the lock on `key`, waiting up to `opts.wait`: one plain attempt first (unless
     /// waiters of this process already wait on the key), then the waiter queues in Redis (in
     /// the same call as its next attempt, once its grant channel is subscribed) and is handed
-    /// the lock by a release, in FIFO order across processes. While queued it checks the lock
-    /// when the holder's TTL runs out and every second (a lapsed grant), and after its
-    /// subscription was lost and confirmed again.
+    /// the lock by a release, in FIFO order across processes. While queued it makes no calls,
+    /// unless it is one of the two waiters that watch the lock (they look when the holder's
+    /// lease ends), its subscription was lost and confirmed again, or its process was frozen.
+    ///
+    /// The guard it returns is valid for the TTL asked for (less the drift margin and the
+    /// grant's delivery), handed over or taken free, and Redis keeps the lock that long with no
+    /// further step: a waiter whose process Redis saw on the key within the presence window is
+    /// granted its full TTL; another confirms its short grant (one round trip) before this
+    /// returns. At the deadline it returns at once; the queue entry is taken out in the
+    /// background.
     ///
     /// Errors: as [`Locker::acquire_wait`].
     ///

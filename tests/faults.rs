@@ -1036,10 +1036,10 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
     Ok(format!("{n} hostile inputs: each a typed error naming the problem, no panic, no hang, no key changed"))
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     if common::worker::role().is_some() {
         common::runner::runtime().block_on(worker());
-        return;
+        return std::process::ExitCode::SUCCESS;
     }
     let mut r = Runner::new();
     let limit = Duration::from_secs(120);
@@ -1111,5 +1111,5 @@ fn main() {
             }),
         );
     }
-    r.finish("faults");
+    r.finish("faults")
 }

@@ -463,7 +463,7 @@ async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
 
 // ------------------------------------------------------------------ runner
 
-fn main() {
+fn main() -> std::process::ExitCode {
     if let Some(role) = common::worker::role() {
         let rt = if env("H_RT") == "current" {
             tokio::runtime::Builder::new_current_thread()
@@ -476,7 +476,7 @@ fn main() {
                 .build()
         };
         rt.expect("runtime").block_on(worker(&role));
-        return;
+        return std::process::ExitCode::SUCCESS;
     }
     let mut r = Runner::new();
     let server = RedisServer::start();
@@ -500,5 +500,5 @@ fn main() {
         dead_waiters_at_the_head(&url),
     );
     drop(server);
-    r.finish("handoff");
+    r.finish("handoff")
 }

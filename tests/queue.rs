@@ -600,10 +600,10 @@ async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
 
 // ------------------------------------------------------------------ runner
 
-fn main() {
+fn main() -> std::process::ExitCode {
     if let Some(mode) = common::worker::role() {
         common::runner::runtime().block_on(child(&mode));
-        return;
+        return std::process::ExitCode::SUCCESS;
     }
     let mut r = Runner::new();
     let server = RedisServer::start();
@@ -647,5 +647,5 @@ fn main() {
         cancelled_after_the_grant(&url),
     );
     drop(server);
-    r.finish("queue");
+    r.finish("queue")
 }

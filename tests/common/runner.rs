@@ -77,14 +77,17 @@ impl Runner {
         }
     }
 
-    /// Prints the summary line; exits with 1 when a scenario failed.
-    pub fn finish(self, suite: &str) {
+    /// Prints the summary line; the exit code `main` returns (1 when a scenario failed), so
+    /// that `main`'s servers are dropped (killed) before the process exits.
+    pub fn finish(self, suite: &str) -> std::process::ExitCode {
         println!(
             "{suite}: {} passed, {} failed, {} filtered out",
             self.passed, self.failed, self.skipped
         );
         if self.failed > 0 {
-            std::process::exit(1);
+            std::process::ExitCode::FAILURE
+        } else {
+            std::process::ExitCode::SUCCESS
         }
     }
 }
