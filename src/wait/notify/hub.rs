@@ -394,44 +394,83 @@ impl Hub {
         groups.into_values().collect()
     }
 
-    async fn subscribe(
-        &self,
-        channels: Vec<String>,
-    ) -> std::result::Result<(), fred::error::Error> {
+    /// Subscribes `channels`, one (S)SUBSCRIBE per slot group, all at once (fred queues them
+    /// per connection, so a few thousand slots take a few round trips per node, not one each
+    /// in turn), each group bounded by the command timeout on its own. Returns the channels
+    /// that failed: a slow or failing slot delays only its own waiters.
+    async fn subscribe(&self, channels: Vec<String>) -> Vec<String> {
         match self.mode {
             // SSUBSCRIBE waits for its reply (from the slot's primary, following MOVED).
             Mode::Sharded => {
+                let limit = self.command_timeout;
+                let mut set = tokio::task::JoinSet::new();
                 for group in self.by_slot(channels) {
-                    self.subscriber.ssubscribe(group).await?;
+                    let subscriber = self.subscriber.clone();
+                    set.spawn(async move {
+                        let ok = matches!(
+                            tokio::time::timeout(limit, subscriber.ssubscribe(group.clone())).await,
+                            Ok(Ok(_))
+                        );
+                        (group, ok)
+                    });
                 }
-                Ok(())
+                let mut failed = Vec::new();
+                while let Some(done) = set.join_next().await {
+                    match done {
+                        Ok((_, true)) => {}
+                        Ok((group, false)) => failed.extend(group),
+                        Err(_) => {}
+                    }
+                }
+                failed
             }
             Mode::Classic => {
-                self.subscriber.subscribe(channels).await?;
-                // SUBSCRIBE resolves when written; PING's reply comes after Redis processed it.
-                self.subscriber.ping::<Value>(None).await.map(|_| ())
+                let done = tokio::time::timeout(self.command_timeout, async {
+                    self.subscriber.subscribe(channels.clone()).await?;
+                    // SUBSCRIBE resolves when written; PING's reply comes after Redis
+                    // processed it.
+                    self.subscriber.ping::<Value>(None).await.map(|_| ())
+                })
+                .await;
+                match done {
+                    Ok(Ok(())) => Vec::new(),
+                    _ => channels,
+                }
             }
         }
     }
 
-    async fn unsubscribe(
-        &self,
-        channels: Vec<String>,
-    ) -> std::result::Result<(), fred::error::Error> {
+    /// Unsubscribes `channels` (they resolve when written; `settled` PINGs after them).
+    /// Returns the channels that failed.
+    async fn unsubscribe(&self, channels: Vec<String>) -> Vec<String> {
         self.unconfirmed_unsubscribe.store(true, Ordering::SeqCst);
+        let limit = self.command_timeout;
         match self.mode {
             Mode::Sharded => {
+                let mut failed = Vec::new();
                 for group in self.by_slot(channels) {
-                    self.subscriber.sunsubscribe(group).await?;
+                    let done =
+                        tokio::time::timeout(limit, self.subscriber.sunsubscribe(group.clone()))
+                            .await;
+                    if !matches!(done, Ok(Ok(_))) {
+                        failed.extend(group);
+                    }
                 }
-                Ok(())
+                failed
             }
-            Mode::Classic => self.subscriber.unsubscribe(channels).await,
+            Mode::Classic => {
+                match tokio::time::timeout(limit, self.subscriber.unsubscribe(channels.clone()))
+                    .await
+                {
+                    Ok(Ok(())) => Vec::new(),
+                    _ => channels,
+                }
+            }
         }
     }
 
-    /// Brings Redis' subscriptions in line with the registry. Returns false when it failed
-    /// (the channels stay dirty).
+    /// Brings Redis' subscriptions in line with the registry. Returns false when some failed
+    /// (those channels stay dirty and are tried again; the others are confirmed now).
     async fn sync(&self) -> bool {
         let (mut channels, requested) = {
             let mut dirty = lock(&self.dirty);
@@ -458,58 +497,56 @@ impl Hub {
                 }
             }
         }
-        let sub_names: Vec<String> = subs.iter().map(|(c, _)| c.clone()).collect();
         let epoch = self.connection_epoch.load(Ordering::SeqCst);
-        let result = tokio::time::timeout(self.command_timeout, async {
-            // Never an empty list: fred would clear everything, or Redis answer an arity error.
-            if !unsubs.is_empty() {
-                self.unsubscribe(unsubs.clone()).await?;
-            }
-            if !sub_names.is_empty() {
-                self.subscribe(sub_names.clone()).await?;
-            }
-            Ok::<(), fred::error::Error>(())
-        })
-        .await;
-        match result {
-            Ok(Ok(())) => {
-                self.counters
-                    .subscribes
-                    .fetch_add(sub_names.len() as u64, Ordering::Relaxed);
-                self.counters
-                    .unsubscribes
-                    .fetch_add(unsubs.len() as u64, Ordering::Relaxed);
-                // A reconnect during the sync may have dropped what it subscribed: the channels
-                // are dirty again, and only the next sync may confirm them.
-                if self.connection_epoch.load(Ordering::SeqCst) == epoch {
-                    for (channel, slot) in subs {
-                        if slot.set(SubState::Confirmed) != SubState::Confirmed {
-                            // Its waiters wait for this (or poll, after a failure): they
-                            // check the lock now that grants can reach them.
-                            self.wake_channel(&channel, WakeReason::Resubscribed);
-                        }
-                    }
+        // Never an empty list: fred would clear everything, or Redis answer an arity error.
+        let mut failed = if unsubs.is_empty() {
+            Vec::new()
+        } else {
+            self.unsubscribe(unsubs.clone()).await
+        };
+        let sub_failed = if subs.is_empty() {
+            Vec::new()
+        } else {
+            self.subscribe(subs.iter().map(|(c, _)| c.clone()).collect())
+                .await
+        };
+        self.counters.subscribes.fetch_add(
+            (subs.len() - sub_failed.len()) as u64,
+            Ordering::Relaxed,
+        );
+        self.counters.unsubscribes.fetch_add(
+            (unsubs.len() - failed.len()) as u64,
+            Ordering::Relaxed,
+        );
+        let bad: std::collections::HashSet<&String> = sub_failed.iter().collect();
+        // A reconnect during the sync may have dropped what it subscribed: the channels are
+        // dirty again, and only the next sync may confirm them.
+        let same_connection = self.connection_epoch.load(Ordering::SeqCst) == epoch;
+        for (channel, slot) in &subs {
+            if bad.contains(channel) {
+                if slot.set(SubState::Failed) == SubState::Pending {
+                    // Waiting for a confirmation that will not come soon: poll meanwhile.
+                    self.wake_channel(channel, WakeReason::Resubscribed);
                 }
-                self.applied
-                    .send_if_modified(|a| std::mem::replace(a, requested) != requested);
-                true
-            }
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {:?}", self.command_timeout),
-                };
-                tracing::warn!(%error, channels = channels.len(), "subscription sync failed; waiters poll until it succeeds");
-                for (channel, slot) in &subs {
-                    if slot.set(SubState::Failed) == SubState::Pending {
-                        // Waiting for a confirmation that will not come soon: poll meanwhile.
-                        self.wake_channel(channel, WakeReason::Resubscribed);
-                    }
-                }
-                lock(&self.dirty).extend(channels);
-                false
+            } else if same_connection && slot.set(SubState::Confirmed) != SubState::Confirmed {
+                // Its waiters wait for this (or poll, after a failure): they look at the lock
+                // now that grants can reach them.
+                self.wake_channel(channel, WakeReason::Resubscribed);
             }
         }
+        failed.extend(sub_failed);
+        if failed.is_empty() {
+            self.applied
+                .send_if_modified(|a| std::mem::replace(a, requested) != requested);
+            return true;
+        }
+        tracing::warn!(
+            failed = failed.len(),
+            of = channels.len(),
+            "some subscription changes failed; those waiters poll until they succeed"
+        );
+        lock(&self.dirty).extend(failed);
+        false
     }
 }
 
