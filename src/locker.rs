@@ -127,7 +127,7 @@ impl LockerBuilder {
     }
 
     /// How long the Redis keys of a lock outlive their last use: the fence counter after the
-    /// last acquisition (or the TTL when longer), the queue and the record of waiting
+    /// last acquisition (whatever the TTL), the queue and the record of waiting
     /// processes after the last waiter queued. A fence counter that expired starts again at
     /// Redis' clock in microseconds, so fences keep growing (see `docs/design.md`,
     /// "Fencing"). At least 1 s, at most 30 days. Defaults to one hour.

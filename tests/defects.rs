@@ -175,9 +175,10 @@ async fn settled_means_redis_processed_the_unsubscribe() {
 /// Finding 5: a wait that runs out while the subscription stands and the holder's TTL
 /// outlasts the deadline sends no attempt beyond its first two (the plain one and the
 /// queueing one): no backoff timer fires before the deadline (before the fix: 5.1-5.3 calls per
-/// trial, the 1 s-base backoff firing before a 200 ms deadline).
+/// trial, the 1 s-base backoff firing before a 200 ms deadline). While the key's subscription
+/// lingers after a wait (2 s), the next wait skips the plain attempt: one attempt.
 #[tokio::test]
-async fn a_wait_timeout_costs_two_attempts() {
+async fn a_wait_timeout_costs_at_most_two_attempts() {
     let server = RedisServer::start();
     let holder = Locker::new(server.client().await);
     let locker = Arc::new(pubsub(&server).await);
@@ -185,20 +186,21 @@ async fn a_wait_timeout_costs_two_attempts() {
     let opts = LockOptions::new().with_wait(Duration::from_millis(200));
     let trials = 20;
     let before = locker.stats().wakes;
-    for _ in 0..trials {
+    for i in 0..trials {
         let r = locker.acquire_wait("long-0", &opts).await;
+        let want = if i == 0 { 2 } else { 1 };
         assert!(
-            matches!(r, Err(Error::WaitTimeout { attempts: 2, .. })),
-            "{r:?}"
+            matches!(r, Err(Error::WaitTimeout { attempts, .. }) if attempts == want),
+            "trial {i}: {r:?}"
         );
     }
     let after = locker.stats().wakes;
-    assert_eq!(after.attempts - before.attempts, 2 * trials);
+    assert_eq!(after.attempts - before.attempts, trials + 1);
     assert_eq!(
         after.by_timer - before.by_timer,
         trials,
         "one timer: the deadline"
     );
-    holder.idle().await;
+    locker.locker().idle().await;
     assert_eq!(holder.status("long-0").await.expect("status").queued, 0);
 }

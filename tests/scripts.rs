@@ -358,6 +358,23 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, Some("qw1")), Pttl(19_900, 20_000), Get(F, Some("100 q"))],
         },
         Row {
+            name: "a refresh tells the lock's watchers when the lease now ends (no calls from them)",
+            setup: &[
+                "SET {L} qT PX 500",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} bbbbbbbbbbbb {now}",
+                "HSET {P} !w1 {soon}_bbbbbbbbbbbb_30000_x1",
+            ],
+            script: scripts::EXTEND,
+            call: args("T"),
+            reply: "[1]",
+            checks: &[
+                Pttl(9_900, 10_000),
+                Messages(&["bbbbbbbbbbbb: w2 10000 x1"]),
+            ],
+        },
+        Row {
             name: "extend a confirmed hold: the TTL again",
             setup: &["SET {L} pT PX 500"],
             script: scripts::EXTEND,

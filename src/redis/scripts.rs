@@ -196,7 +196,7 @@ pub(crate) enum Via {
 
 impl Engine {
     fn argv(&self, c: &Call<'_>) -> Vec<String> {
-        let retention = ms(self.retention).max(c.ttl_ms);
+        let retention = ms(self.retention);
         let (flag, fence) = c.leave.map(LeaveFlag::args).unwrap_or(("", String::new()));
         vec![
             c.token.to_owned(),

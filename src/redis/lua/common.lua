@@ -175,8 +175,9 @@ local function slow()
   -- (its watchers would fail with it), `px` the lease that now ends first (ms from now; 0: the
   -- lock is free, look now). Two watchers of two other processes, fresh ones first (a frozen
   -- process is not fresh), current ones before new ones (a new one costs a message). A kept
-  -- watcher that would look later than the lease ends is told again.
-  local function watch(skip, px)
+  -- watcher that would look later than the lease ends is told again; with `later` (a refresh)
+  -- also one that would look earlier, so that watchers of a lock held long make no calls.
+  local function watch(skip, px, later)
     local until_ms = math.floor(now_us() / 1000) + px
     local cands = {}
     for _, field in ipairs(WATCHERS) do
@@ -210,7 +211,7 @@ local function slow()
     if #chosen == 0 then pick(false, true) end
     redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
     for i, c in ipairs(chosen) do
-      if not c.at or until_ms < c.at then
+      if not c.at or until_ms < c.at or (later and until_ms > c.at) then
         publish(c.how, c.hub, 'w2 ' .. px .. ' ' .. c.token)
         c.at = until_ms
       end

@@ -118,7 +118,13 @@ struct Entry {
     slot: Arc<Slot>,
     /// By token (shared with each waiter's registration).
     waiters: HashMap<Arc<str>, Arc<Cell>>,
+    /// When its last waiter left: the subscription lingers a moment (a key waited on again
+    /// soon costs no SUBSCRIBE and no UNSUBSCRIBE, and its next waiter queues at once).
+    idle_since: Option<tokio::time::Instant>,
 }
+
+/// How long a key's subscription outlives its last waiter.
+const LINGER: Duration = Duration::from_secs(2);
 
 pub(crate) struct Hub {
     /// This process's id in queue members and grant channels.
@@ -184,12 +190,38 @@ impl Hub {
     /// Keys with waiters, and waiters, in this process.
     pub(crate) fn size(&self) -> (usize, usize) {
         let reg = lock(&self.registry);
-        (reg.len(), reg.values().map(|e| e.waiters.len()).sum())
+        let waiting = reg.values().filter(|e| !e.waiters.is_empty());
+        (
+            waiting.clone().count(),
+            waiting.map(|e| e.waiters.len()).sum(),
+        )
     }
 
-    /// Whether waiters of this process already wait on `channel`.
-    pub(crate) fn has_waiters(&self, channel: &str) -> bool {
-        lock(&self.registry).contains_key(channel)
+    /// Whether this process listens on `channel` already (its waiters wait there, or did a
+    /// moment ago): a new waiter then queues at once.
+    pub(crate) fn listening(&self, channel: &str) -> bool {
+        lock(&self.registry)
+            .get(channel)
+            .is_some_and(|e| !e.waiters.is_empty() || e.slot.state() == SubState::Confirmed)
+    }
+
+    /// Drops the subscriptions nobody has waited on for `LINGER` (all of them with `all`).
+    fn prune(&self, all: bool) {
+        let now = tokio::time::Instant::now();
+        let mut reg = lock(&self.registry);
+        let idle: Vec<String> = reg
+            .iter()
+            .filter(|(_, e)| {
+                e.waiters.is_empty()
+                    && e.idle_since
+                        .is_some_and(|t| all || now.saturating_duration_since(t) >= LINGER)
+            })
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in idle {
+            reg.remove(&channel);
+            self.mark_dirty(channel);
+        }
     }
 
     /// Joins the waiters of `channel` under `token`; the first one has it subscribed.
@@ -211,8 +243,10 @@ impl Hub {
                         channel: channel.to_owned(),
                     }),
                     waiters: HashMap::new(),
+                    idle_since: None,
                 }
             });
+            entry.idle_since = None;
             if entry.waiters.contains_key(&token) {
                 return Err(Error::InvalidOptions {
                     key: key.to_owned(),
@@ -237,8 +271,7 @@ impl Hub {
         if let Some(e) = reg.get_mut(channel) {
             e.waiters.remove(token);
             if e.waiters.is_empty() {
-                reg.remove(channel);
-                self.mark_dirty(channel.to_owned());
+                e.idle_since = Some(tokio::time::Instant::now());
             }
         }
     }
@@ -253,6 +286,8 @@ impl Hub {
 
     /// Resolves once Redis has processed every subscription change requested before the call.
     pub(crate) async fn settled(&self) {
+        // Subscriptions that only linger go now.
+        self.prune(true);
         let target = self.requested.load(Ordering::SeqCst);
         let mut rx = self.applied.subscribe();
         let _ = rx.wait_for(|applied| *applied >= target).await;
@@ -510,14 +545,12 @@ impl Hub {
             self.subscribe(subs.iter().map(|(c, _)| c.clone()).collect())
                 .await
         };
-        self.counters.subscribes.fetch_add(
-            (subs.len() - sub_failed.len()) as u64,
-            Ordering::Relaxed,
-        );
-        self.counters.unsubscribes.fetch_add(
-            (unsubs.len() - failed.len()) as u64,
-            Ordering::Relaxed,
-        );
+        self.counters
+            .subscribes
+            .fetch_add((subs.len() - sub_failed.len()) as u64, Ordering::Relaxed);
+        self.counters
+            .unsubscribes
+            .fetch_add((unsubs.len() - failed.len()) as u64, Ordering::Relaxed);
         let bad: std::collections::HashSet<&String> = sub_failed.iter().collect();
         // A reconnect during the sync may have dropped what it subscribed: the channels are
         // dirty again, and only the next sync may confirm them.
@@ -638,6 +671,7 @@ async fn housekeep(hub: Weak<Hub>) {
         tokio::time::sleep(TICK).await;
         let now = tokio::time::Instant::now();
         let Some(h) = hub.upgrade() else { return };
+        h.prune(false);
         if now.saturating_duration_since(last) >= TICK + FROZEN {
             tracing::warn!(late = ?now.saturating_duration_since(last) - TICK, "the process was frozen; every waiter looks again");
             h.counters.freezes.fetch_add(1, Ordering::Relaxed);

@@ -187,9 +187,10 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
     // Every call of the request on one client, so Redis runs them in order.
     let client = req.client(engine).clone();
     let channel = req.names.channel(&hub.id);
-    // Waiters of this process wait on the key already: it is held, and a plain attempt would
-    // be a wasted call (and a free lock with waiters goes to the queue anyway).
-    if !hub.has_waiters(&channel) {
+    // This process listens on the key already (its waiters wait there, or did a moment ago):
+    // the queueing attempt below takes a free lock as a plain attempt would, so that one
+    // would be a wasted call.
+    if !hub.listening(&channel) {
         counters.attempts.fetch_add(1, Ordering::Relaxed);
         // Boxed (as every attempt below): its state would otherwise stay in every waiting
         // future.
