@@ -9,10 +9,10 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::worker::{Pipe, Proc};
 use common::{env, env_num, now_ns};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -130,12 +130,12 @@ async fn worker() {
     } else {
         AnyLocker::Poll(builder.build().expect("locker"))
     });
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "ready").ok();
-    out.flush().ok();
-    drop(out);
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).ok();
+    let mut pipe = Pipe::open();
+    if workload == "idle" {
+        return idle_worker(&locker, &kind, tasks, pipe).await;
+    }
+    pipe.say("ready");
+    let _go = pipe.input.recv().await;
 
     let records = Arc::new(Mutex::new(Vec::<String>::new()));
     match workload.as_str() {
@@ -282,12 +282,57 @@ async fn worker() {
         }
         other => panic!("unknown workload {other}"),
     }
-    let mut out = std::io::stdout().lock();
     for r in records.lock().await.iter() {
-        writeln!(out, "{r}").ok();
+        pipe.say(r.clone());
     }
-    writeln!(out, "{}", locker.stats_line()).ok();
-    out.flush().ok();
+    pipe.say(locker.stats_line());
+    pipe.close();
+}
+
+/// Role `idle`: `tasks` waiters on the keys `bench-idle-<i % BENCH_KEYS>` (held by the
+/// coordinator). Says `ready` once all are registered and subscribed; on `measure` (every
+/// waiter queued) `heap <live heap before> <live heap now>`; on `go` (the locks are released)
+/// they take the lock in turn, each printing `A <key index> <ns when acquired>`, and release
+/// at once.
+async fn idle_worker(locker: &Arc<AnyLocker>, kind: &str, tasks: usize, pipe: Pipe) {
+    let keys = env_num("BENCH_KEYS").max(1) as usize;
+    let base = env_num("BENCH_BASE_ID") as usize;
+    let heap_before = live_heap();
+    let opts = options(kind).with_wait(Duration::from_secs(300));
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let (locker, opts, out, go) = (locker.clone(), opts.clone(), pipe.out.clone(), go.clone());
+        let k = (base + i) % keys;
+        handles.push(tokio::spawn(async move {
+            let g = locker
+                .acquire_wait(&format!("bench-idle-{k}"), &opts)
+                .await
+                .expect("wait");
+            let at = now_ns();
+            g.release().await.expect("release");
+            let _ = out.send(format!("A {k} {at}"));
+            drop(go);
+        }));
+    }
+    if let AnyLocker::Sub(l) = &**locker {
+        while l.registry_size().waiters < tasks {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        l.subscriptions_settled().await;
+    }
+    pipe.say("ready");
+    let mut pipe = pipe;
+    // Once every waiter is queued (the coordinator sees the queues full), what they hold.
+    let _measure = pipe.input.recv().await;
+    let heap_during = live_heap();
+    pipe.say(format!("heap {heap_before} {heap_during}"));
+    let _go = pipe.input.recv().await;
+    for h in handles {
+        h.await.expect("waiter");
+    }
+    pipe.say(locker.stats_line());
+    pipe.close();
 }
 
 fn locker_client(l: &AnyLocker) -> Client {
@@ -311,7 +356,7 @@ const CLIENT_CMDS: [&str; 9] = [
     "ping",
     "script",
 ];
-const LUA_CMDS: [&str; 17] = [
+const LUA_CMDS: [&str; 22] = [
     "get",
     "set",
     "pttl",
@@ -329,6 +374,11 @@ const LUA_CMDS: [&str; 17] = [
     "zcard",
     "zscore",
     "setrange",
+    "hget",
+    "hset",
+    "hdel",
+    "exists",
+    "zrank",
 ];
 
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
@@ -361,6 +411,57 @@ struct Run {
     stats: (u64, u64, u64),
 }
 
+/// Starts `procs` worker processes for `workload`, each with `tasks` tasks.
+#[allow(clippy::too_many_arguments)]
+fn spawn_workers(
+    url: &str,
+    kind: &str,
+    workload: &str,
+    procs: usize,
+    tasks: usize,
+    iters: usize,
+    duration: Duration,
+    extra: &[(&str, String)],
+) -> Vec<Proc> {
+    (0..procs)
+        .map(|p| {
+            let mut env = vec![
+                ("BENCH_URL", url.to_owned()),
+                ("BENCH_LOCKER", kind.to_owned()),
+                ("BENCH_WORKLOAD", workload.to_owned()),
+                ("BENCH_TASKS", tasks.to_string()),
+                ("BENCH_ITERS", iters.to_string()),
+                ("BENCH_DURATION_MS", duration.as_millis().to_string()),
+                ("BENCH_BASE_ID", (p * tasks).to_string()),
+            ];
+            env.extend(extra.iter().cloned());
+            Proc::spawn("bench", &env)
+        })
+        .collect()
+}
+
+/// Reads every worker's lines until it exits; sums their wake statistics (`S` lines).
+async fn collect(workers: Vec<Proc>) -> (Vec<String>, (u64, u64, u64)) {
+    let mut lines = Vec::new();
+    let mut stats = (0, 0, 0);
+    for mut w in workers {
+        while let Some(l) = w
+            .next_line(tokio::time::Instant::now() + Duration::from_secs(600))
+            .await
+        {
+            if let Some(s) = l.strip_prefix("S ") {
+                let v: Vec<u64> = s.split(' ').filter_map(|x| x.parse().ok()).collect();
+                if v.len() == 3 {
+                    stats = (stats.0 + v[0], stats.1 + v[1], stats.2 + v[2]);
+                }
+            } else if l != "ready" && !l.starts_with("heap ") {
+                lines.push(l);
+            }
+        }
+    }
+    (lines, stats)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_config(
     admin: &Client,
@@ -372,66 +473,22 @@ async fn run_config(
     iters: usize,
     duration: Duration,
 ) -> Run {
-    let exe = std::env::current_exe().expect("current exe");
-    let mut children = Vec::new();
-    for p in 0..procs {
-        let child = Command::new(&exe)
-            .env("BENCH_WORKER", "1")
-            .env("BENCH_URL", url)
-            .env("BENCH_LOCKER", kind)
-            .env("BENCH_WORKLOAD", workload)
-            .env("BENCH_TASKS", tasks.to_string())
-            .env("BENCH_ITERS", iters.to_string())
-            .env("BENCH_DURATION_MS", duration.as_millis().to_string())
-            .env("BENCH_BASE_ID", (p * tasks).to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn worker");
-        children.push(child);
-    }
-    let mut readers = Vec::new();
-    for c in children.iter_mut() {
-        let mut r = BufReader::new(c.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        r.read_line(&mut line).expect("ready line");
-        assert_eq!(line.trim(), "ready", "worker did not start");
-        readers.push(r);
+    let mut workers = spawn_workers(url, kind, workload, procs, tasks, iters, duration, &[]);
+    for w in workers.iter_mut() {
+        w.expect("ready", Duration::from_secs(60))
+            .await
+            .expect("worker did not start");
     }
     let before = commandstats(admin).await;
     let start = std::time::Instant::now();
-    for c in children.iter_mut() {
-        let mut stdin = c.stdin.take().expect("stdin");
-        writeln!(stdin, "go").expect("go");
+    for w in workers.iter_mut() {
+        w.send("go");
     }
-    let handles: Vec<_> = readers
-        .into_iter()
-        .map(|r| std::thread::spawn(move || r.lines().map_while(Result::ok).collect::<Vec<_>>()))
-        .collect();
-    let mut lines = Vec::new();
-    for h in handles {
-        lines.extend(h.join().expect("reader"));
-    }
-    for mut c in children {
-        let status = c.wait().expect("wait worker");
-        assert!(status.success(), "a worker failed");
-    }
+    let (records, stats) = collect(workers).await;
     let wall = start.elapsed();
     let after = commandstats(admin).await;
     let calls = delta(&before, &after, &CLIENT_CMDS);
     let commands = calls + delta(&before, &after, &LUA_CMDS);
-    let mut stats = (0, 0, 0);
-    let mut records = Vec::new();
-    for l in lines {
-        if let Some(s) = l.strip_prefix("S ") {
-            let v: Vec<u64> = s.split(' ').filter_map(|x| x.parse().ok()).collect();
-            if v.len() == 3 {
-                stats = (stats.0 + v[0], stats.1 + v[1], stats.2 + v[2]);
-            }
-        } else {
-            records.push(l);
-        }
-    }
     Run {
         records,
         calls,
@@ -439,6 +496,15 @@ async fn run_config(
         wall,
         stats,
     }
+}
+
+/// `used_memory` of `INFO memory`.
+async fn used_memory(admin: &Client) -> i64 {
+    let info: String = common::cmd(admin, "INFO memory", vec![]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -597,14 +663,18 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
         [
             "EVALSHA",
             sha,
-            "3",
+            "4",
             "{b:__rand_int__}",
             "{b:__rand_int__}:fence",
             "{b:__rand_int__}:q",
+            "{b:__rand_int__}:p",
             "tok",
             "30000",
-            "604800000",
+            "3600000",
             "500",
+            "100",
+            "",
+            "",
             "",
             "",
         ]
@@ -810,6 +880,131 @@ async fn coordinator(quick: bool) {
         emit(r);
     }
 
+    // 5. idle queues at scale: waiters of 8 processes queued on one key, then on 1,000 keys
+    // (one waiter of each process per key), the locks held without refresh; what waiting costs
+    // Redis and each process, then the handoffs at that depth.
+    for keys in [1usize, 1000] {
+        if !selected("--only", "idle") || !selected("--locker", "pubsub") {
+            break;
+        }
+        let (procs, tasks) = if quick { (2, 250) } else { (8, 1000) };
+        let total = procs * tasks;
+        let holder = Locker::new(admin.clone());
+        let mem_before = used_memory(&admin).await;
+        let mut held = Vec::new();
+        for k in 0..keys {
+            held.push(
+                holder
+                    .acquire(
+                        &format!("bench-idle-{k}"),
+                        &LockOptions::new()
+                            .with_ttl(Duration::from_secs(300))
+                            .with_refresh_ratio(0.0),
+                    )
+                    .await
+                    .expect("hold"),
+            );
+        }
+        let mut workers = spawn_workers(
+            &url,
+            "pubsub",
+            "idle",
+            procs,
+            tasks,
+            0,
+            Duration::ZERO,
+            &[("BENCH_KEYS", keys.to_string())],
+        );
+        for w in workers.iter_mut() {
+            w.expect("ready", Duration::from_secs(300))
+                .await
+                .expect("worker ready");
+        }
+        let queued_key = |k: usize| format!("{{waitlock:bench-idle-{k}}}:q");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut n = 0i64;
+            for k in 0..keys {
+                n += common::cmd::<i64>(&admin, "ZCARD", vec![queued_key(k).into()]).await;
+            }
+            if n as usize >= total || std::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mem_during = used_memory(&admin).await;
+        let mut heap = 0i64;
+        for w in workers.iter_mut() {
+            w.send("measure");
+            let l = w
+                .expect("heap", Duration::from_secs(60))
+                .await
+                .expect("worker heap");
+            let v: Vec<i64> = l
+                .split(' ')
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            heap += v.get(1).copied().unwrap_or(0) - v.first().copied().unwrap_or(0);
+        }
+        let idle = Duration::from_secs(if quick { 3 } else { 10 });
+        let before = commandstats(&admin).await;
+        tokio::time::sleep(idle).await;
+        let after = commandstats(&admin).await;
+        let idle_calls = delta(&before, &after, &CLIENT_CMDS);
+        let mut by_cmd: Vec<String> = CLIENT_CMDS
+            .iter()
+            .map(|c| (c, delta(&before, &after, &[c])))
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, n)| format!("{c}:{n}"))
+            .collect();
+        by_cmd.sort();
+        for w in workers.iter_mut() {
+            w.send("go");
+        }
+        let released = now_ns();
+        for g in held {
+            g.release().await.expect("release");
+        }
+        let (lines, _) = collect(workers).await;
+        let mut per_key: HashMap<u64, Vec<u64>> = HashMap::new();
+        for l in &lines {
+            if let Some(rest) = l.strip_prefix("A ") {
+                let v: Vec<u64> = rest.split(' ').filter_map(|x| x.parse().ok()).collect();
+                if let [k, at] = v[..] {
+                    per_key.entry(k).or_default().push(at);
+                }
+            }
+        }
+        let mut gaps = Vec::new();
+        let mut last = 0u64;
+        for (_, mut ats) in per_key {
+            ats.sort_unstable();
+            last = last.max(*ats.last().unwrap_or(&0));
+            gaps.extend(ats.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e6));
+        }
+        gaps.sort_by(f64::total_cmp);
+        let mut r = Report::new("pubsub", "idle", total, procs);
+        r.n("keys", keys as f64);
+        r.n("idle_s", idle.as_secs_f64());
+        r.n("idle_calls", idle_calls as f64);
+        r.n(
+            "idle_calls_per_waiter_s",
+            idle_calls as f64 / total as f64 / idle.as_secs_f64(),
+        );
+        r.s("idle_calls_by_command", &by_cmd.join(" "));
+        r.n("heap_bytes_per_waiter", heap as f64 / total as f64);
+        r.n(
+            "redis_bytes_per_waiter",
+            (mem_during - mem_before) as f64 / total as f64,
+        );
+        r.n("handoffs", gaps.len() as f64);
+        r.n("gap_p50_ms", pct(&gaps, 0.5));
+        r.n("gap_p99_ms", pct(&gaps, 0.99));
+        r.n("all_served_s", (last.saturating_sub(released)) as f64 / 1e9);
+        emit(r);
+    }
+
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/waitlock-bench.json");
     let body: String = reports.iter().map(|r| r.json() + "\n").collect();
     match std::fs::write(&path, body) {
@@ -829,7 +1024,7 @@ fn main() {
             .build()
     }
     .expect("runtime");
-    if std::env::var("BENCH_WORKER").is_ok() {
+    if common::worker::role().is_some() {
         rt.block_on(worker());
     } else {
         let quick = std::env::args().any(|a| a == "--quick");

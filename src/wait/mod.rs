@@ -26,6 +26,18 @@ use tokio::time::Instant;
 /// does not, the wait ends with `WaitTimeout` (Redis was answering; the deadline came first).
 const LAST_ATTEMPT_GRACE: Duration = Duration::from_millis(5);
 
+/// tokio's timer resolution: a sleep ends on the tick after its deadline.
+pub(crate) const TIMER_TICK: Duration = Duration::from_millis(1);
+
+/// Waits until `deadline` exactly (to scheduling): a wait's deadline is a promise to the
+/// caller, and a timer alone overshoots it by up to a tick. Called in the last tick before it,
+/// so it yields for at most a millisecond.
+pub(crate) async fn until(deadline: Instant) {
+    while Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A fresh random lock token.
 pub(crate) fn new_token() -> String {
     uuid::Uuid::new_v4().to_string()
@@ -366,6 +378,12 @@ pub(crate) async fn poll(engine: &Arc<Engine>, req: &Request) -> Result<LockGuar
         }
         let sleep = w.backoff(now, remaining);
         tracing::debug!(key = %req.names.key, attempts = w.attempts, ?sleep, "waiting (timer)");
-        tokio::time::sleep(sleep).await;
+        if now + sleep >= w.deadline {
+            // The deadline is kept to the tick (tokio's timers fire on the millisecond after).
+            tokio::time::sleep(sleep.saturating_sub(TIMER_TICK)).await;
+            until(w.deadline).await;
+        } else {
+            tokio::time::sleep(sleep).await;
+        }
     }
 }

@@ -293,12 +293,20 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             sleep_for = sleep_for.min(at.saturating_duration_since(now));
         }
         let started = now;
+        // The deadline is kept to the tick (tokio's timers fire on the millisecond after).
+        let at_deadline = now + sleep_for >= w.deadline;
+        if at_deadline {
+            sleep_for = sleep_for.saturating_sub(super::TIMER_TICK);
+        }
         // Wait for the grant, a watch message, a wake-up (reconnect, lost messages, a
         // confirmed subscription, a resumed process) or the timer.
         let reason = tokio::select! {
             _ = cell.wake.notified() => Some(cell.reason()),
             _ = sleep(sleep_for) => None,
         };
+        if reason.is_none() && at_deadline {
+            super::until(w.deadline).await;
+        }
         timer = timer.saturating_sub(started.elapsed());
         // A grant published before our last queueing attempt ran (its fence is not above the
         // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
