@@ -897,3 +897,40 @@ fn a_lock_the_command_hands_over_is_the_waiters_for_its_whole_ttl() {
         );
     }
 }
+
+/// Issue 25 for the command: a release that reaches Redis after the lease (the server stalled
+/// 150 ms into a 200 ms command, TTL 300 ms) is not a lost lock: the command's status (0), not
+/// 75 (milestone 2 exited 75).
+#[test]
+fn a_late_release_keeps_the_commands_status() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let dir = Scratch::new("late-release");
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run",
+        "--ttl",
+        "300ms",
+        "stalled",
+        "--",
+        "sh",
+        "-c",
+        "touch started; sleep 0.2",
+    ]);
+    let mut run = Spawned::start(c, &dir, "run.err");
+    await_file(&dir, "started", "the command's start", |_| {
+        dir.path("started").exists()
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let port = server.port.to_string();
+    let out = Command::new("redis-cli")
+        .args(["-p", &port, "DEBUG", "SLEEP", "0.5"])
+        .output()
+        .expect("redis-cli DEBUG SLEEP");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = run.wait();
+    assert_eq!(status.code(), Some(0), "{}", run.stderr());
+}

@@ -311,3 +311,71 @@ async fn a_guard_keep_alive_refreshes_and_stops_on_release() {
     locker.idle().await;
     assert!(is_free(&client, "guarded").await);
 }
+
+/// Issue 25: a release that reaches Redis after the lease (the server stalled by `DEBUG SLEEP
+/// 0.5` 150 ms into a 200 ms section, TTL 300 ms) is not a lost lock: the section ended while
+/// the lock was valid and nobody held it meanwhile, so `run` returns its value and counts the
+/// late release (milestone 2 returned `Expired(TokenGone)` in 3 of 3 rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_comes_late_is_not_a_lost_lock() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let admin = server.client().await;
+    let locker = Locker::new(server.client().await);
+    let opts = LockOptions::new().with_ttl(Duration::from_millis(300));
+    for round in 0..3 {
+        let stall = {
+            let admin = admin.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let _: Value = common::cmd(&admin, "DEBUG SLEEP 0.5", vec![]).await;
+            })
+        };
+        let started = Instant::now();
+        let r = locker
+            .run("stalled", &opts, |_ctx| async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Error>(round)
+            })
+            .await;
+        stall.await.expect("stall");
+        assert_eq!(
+            r.expect("the section ended within the lease"),
+            round,
+            "round {round}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(600),
+            "the release waited out the stall"
+        );
+    }
+    assert_eq!(locker.stats().late_releases, 3);
+    assert_eq!(locker.stats().locks_lost, 0);
+}
+
+/// The other side of the rule: a lock deleted while the section runs is lost, and the release
+/// that finds it gone answers within the lease: `run` says `Expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_vanished_during_the_section_is_expired_at_its_end() {
+    let (_s, client, locker) = setup().await;
+    let opts = LockOptions::new().with_ttl(Duration::from_secs(10));
+    let r = locker
+        .run("vanishing", &opts, |_ctx| async {
+            let _: i64 = client
+                .del(common::lock_key("vanishing"))
+                .await
+                .expect("DEL");
+            Ok::<_, Error>(())
+        })
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::Expired {
+                reason: LossReason::TokenGone,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(locker.stats().late_releases, 0);
+}

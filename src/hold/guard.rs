@@ -178,6 +178,55 @@ impl LockGuard {
         }
     }
 
+    /// Ends a critical section: releases the lock and says whether it was held throughout, by
+    /// what this holder could know when the section ended (called then). `Ok(())`: no loss was
+    /// seen, and the release found the lock still this token's or the section ended before the
+    /// lease's validity deadline: a release that then finds the lock gone *after* that
+    /// deadline only reached Redis late (a stalled server, a
+    /// slow network, a re-send after a reconnect) and is counted in
+    /// [`LockerStats::late_releases`](crate::LockerStats::late_releases). Errors:
+    /// [`Error::Expired`] when the lock was, or may have been, lost while the section ran: a
+    /// loss the keep-alive saw, or a release that found the lock gone when the section had
+    /// ended after the deadline or when it answered *before* the deadline (it vanished: a restart, a failover, a
+    /// hand-made `DEL`); [`Error::LockTimeout`] for the TTL elapsed with refresh off; a Redis
+    /// error of the release (the section itself was covered: the lock expires by its TTL).
+    /// [`run`](crate::Locker::run) ends with this; so does the `waitlock` command.
+    ///
+    /// # Cancel safety
+    /// As [`release`](Self::release).
+    pub async fn release_after_section(self) -> Result<()> {
+        let loss = self.loss();
+        let valid_until = self.valid_until();
+        let ended_valid = loss.is_none() && valid_until > Instant::now();
+        let (key, ttl, engine) = (self.names.key.clone(), self.ttl(), self.engine());
+        let released = self.release().await;
+        match loss {
+            Some(LossReason::TtlElapsed) => return Err(Error::LockTimeout { key, ttl }),
+            Some(reason) => return Err(Error::Expired { key, reason }),
+            None => {}
+        }
+        match released {
+            // Its token still held the lock: nobody else did meanwhile.
+            Ok(()) => Ok(()),
+            // Answered after the lease: it only came late; the section ended while the lock
+            // was valid.
+            Err(Error::NotHeld { .. }) if ended_valid && Instant::now() >= valid_until => {
+                engine
+                    .meter
+                    .late_releases
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
+                Ok(())
+            }
+            // Answered within the lease: the lock vanished while the section ran.
+            Err(Error::NotHeld { key }) => Err(Error::Expired {
+                key,
+                reason: LossReason::TokenGone,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Starts refreshing the lock in the background every `refresh_ratio × TTL` (the ratio of
     /// the options it was acquired with) and returns a token that is cancelled the moment the
     /// lock is judged lost:

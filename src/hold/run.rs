@@ -1,12 +1,11 @@
 //! Critical sections: `run` on both lockers.
 
 use super::guard::LockGuard;
-use crate::error::{Error, LossReason};
+use crate::error::Error;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// What a critical section gets: the loss signal, the key and the fence.
@@ -37,54 +36,20 @@ where
     };
     // If this future is dropped here, the guard's drop stops the keep-alive and releases.
     let outcome = CatchUnwind(Box::pin(f(ctx))).await;
-    // What the holder could know when the section ended: no loss seen, and the lease still
-    // valid by its own clock.
-    let loss = guard.loss();
-    let valid_until = guard.valid_until();
-    let ended_valid = loss.is_none() && valid_until > Instant::now();
-    let key = guard.key().to_owned();
-    let ttl = guard.ttl();
-    let engine = guard.engine();
-    let released = guard.release().await;
-    // A release that found the lock gone although its answer came back before the lease
-    // ended ran while Redis should have held the lock: it vanished while `f` ran (a restart, a
-    // failover, a hand-made DEL). One whose answer came later may simply have reached Redis
-    // after the lease (a stalled server, a slow network, a re-send after a reconnect): the
-    // section ended while the lock was valid, so it was held throughout.
-    let late_release = ended_valid && Instant::now() >= valid_until;
+    let ended = guard.release_after_section().await;
     let value = match outcome {
         Ok(value) => value,
         Err(panic) => resume_unwind(panic),
     };
-    match loss {
-        Some(LossReason::TtlElapsed) => return Err(Error::LockTimeout { key, ttl }.into()),
-        Some(reason) => return Err(Error::Expired { key, reason }.into()),
-        None => {}
-    }
-    match released {
-        // The release came after the lease (a stalled server, a slow network) or was sent
-        // again by fred after a reconnect: `f` ended while the lock was valid.
-        Err(Error::NotHeld { .. }) if late_release => {
-            engine
-                .meter
-                .late_releases
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
-            value
-        }
-        // The lock vanished between the last refresh and the end of `f`.
-        Err(Error::NotHeld { key }) => Err(Error::Expired {
-            key,
-            reason: LossReason::TokenGone,
-        }
-        .into()),
+    match ended {
+        Ok(()) => value,
+        Err(e @ (Error::Expired { .. } | Error::LockTimeout { .. })) => Err(e.into()),
         Err(e) => {
             // `f` finished while the lock was valid; failing to release only delays the next
             // holder until the TTL. Report `f`'s result.
-            tracing::warn!(key = %key, error = %e, "release after critical section failed");
+            tracing::warn!(error = %e, "release after critical section failed");
             value
         }
-        Ok(()) => value,
     }
 }
 

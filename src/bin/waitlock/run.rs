@@ -266,9 +266,11 @@ async fn supervise(
         release(guard, key, out).await;
         return report::LOST;
     }
-    match guard.release().await {
+    // The library's rule (`run`'s): a release that only came late after the command ended
+    // within the lease is not a lost lock.
+    match guard.release_after_section().await {
         Ok(()) => code,
-        Err(Error::NotHeld { .. }) => {
+        Err(Error::Expired { .. } | Error::LockTimeout { .. }) => {
             out.error(format!(
                 "{} was no longer held when the command exited after {ran} (its status: {code}): \
                  it may have run partly without the lock",
