@@ -242,10 +242,12 @@ async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
     let store = Arc::new(common::FencedStore::default());
     let stop = Arc::new(AtomicBool::new(false));
     let wait = Duration::from_secs(8);
+    // (key, when) of every acquisition.
+    let acquired = Arc::new(std::sync::Mutex::new(Vec::<(String, Instant)>::new()));
     let mut tasks = Vec::new();
     for t in 0..9usize {
         let (a, b, c) = (lockers.0.clone(), lockers.1.clone(), lockers.2.clone());
-        let (store, stop) = (store.clone(), stop.clone());
+        let (store, stop, acquired) = (store.clone(), stop.clone(), acquired.clone());
         tasks.push(tokio::spawn(async move {
             let key = format!("failover-{}", t % 6);
             let opts = common::tight()
@@ -264,6 +266,10 @@ async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
                 }
                 match r {
                     Ok(g) => {
+                        acquired
+                            .lock()
+                            .expect("acquired")
+                            .push((key.clone(), Instant::now()));
                         if store.write(&key, g.fence()) {
                             ok += 1;
                         } else {
@@ -298,8 +304,13 @@ async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
             assert!(cli(replica, &["cluster", "failover"]).contains("OK"));
             asked = Instant::now();
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    let graceful_promoted = Instant::now();
+    let graceful_keys: Vec<String> = (0..6)
+        .map(|i| format!("failover-{i}"))
+        .filter(|k| cluster.owner(slot(k)) == replica)
+        .collect();
     cluster.wait_ok();
     tokio::time::sleep(Duration::from_millis(700)).await;
     // A primary killed (SIGKILL): its replica is promoted after the node timeout (2 s).
@@ -309,7 +320,30 @@ async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
         .position(|n| n.port != replica && cli(n.port, &["role"]).starts_with("master"))
         .expect("a primary to kill");
     let victim_port = cluster.nodes[victim].port;
+    let victim_keys: Vec<String> = (0..6)
+        .map(|i| format!("failover-{i}"))
+        .filter(|k| cluster.owner(slot(k)) == victim_port)
+        .collect();
+    let replicas_before: Vec<u16> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .filter(|p| *p != victim_port && cli(*p, &["role"]).starts_with("slave"))
+        .collect();
     cluster.nodes[victim].kill();
+    let killed = Instant::now();
+    // Its replica's promotion, polled every 2 ms.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let killed_promoted = loop {
+        let promoted = replicas_before
+            .iter()
+            .any(|p| cli(*p, &["role"]).starts_with("master"));
+        if promoted {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "no replica was promoted");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let ok = cluster
@@ -339,8 +373,22 @@ async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
     }
     assert_eq!(late, 0, "waits that ended long after their deadline");
     assert!(ok > 100, "only {ok} acquisitions");
+    // How long after each promotion the keys of the shard that moved were acquired again.
+    let acquired = acquired.lock().expect("acquired").clone();
+    let first_after = |keys: &[String], at: Instant| {
+        acquired
+            .iter()
+            .filter(|(k, t)| keys.contains(k) && *t > at)
+            .map(|(_, t)| t.saturating_duration_since(at))
+            .min()
+    };
     println!(
-        "failover + killed primary: {ok} acquisitions accepted by the fenced store, {refused} stale ones refused, {} errors ({:?})",
+        "CLUSTER FAILOVER: keys of the shard acquired again {:?} after the replica's promotion ({} keys); SIGKILL of a primary: replica promoted {:?} after the kill, its keys acquired again {:?} after the promotion ({} keys); {ok} acquisitions accepted by the fenced store, {refused} stale ones refused, {} errors ({:?})",
+        first_after(&graceful_keys, graceful_promoted),
+        graceful_keys.len(),
+        killed_promoted.saturating_duration_since(killed),
+        first_after(&victim_keys, killed_promoted),
+        victim_keys.len(),
         errors.len(),
         errors.iter().take(3).collect::<Vec<_>>()
     );

@@ -128,6 +128,7 @@ async fn kill_9_of_the_primary_while_workers_contend() {
             (refused, late, errors)
         }));
     }
+    let announced = set.switch_announced().await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let old = set.primary.port;
     set.primary.kill();
@@ -150,13 +151,27 @@ async fn kill_9_of_the_primary_while_workers_contend() {
         .filter(|t| **t > killed)
         .map(|t| t.saturating_duration_since(killed))
         .min();
+    let switch = announced.borrow().expect("+switch-master was announced");
+    // How long after the announcement the lockers were acquiring on the new primary: the
+    // reconnection (fred's policy is capped at 50 ms behind Sentinel) plus one attempt.
+    let followed = times
+        .iter()
+        .filter(|t| **t > switch)
+        .map(|t| t.saturating_duration_since(switch))
+        .min()
+        .expect("an acquisition after the switch");
     assert_eq!(late, 0, "waits that ended long after their deadline");
     assert!(
         resumed > 20,
         "only {resumed} acquisitions on the new primary"
     );
+    assert!(
+        followed < Duration::from_millis(400),
+        "the first acquisition came {followed:?} after +switch-master"
+    );
     println!(
-        "kill -9: replica on port {new} promoted {promoted:?} after the kill; first acquisition after the kill at {first:?}; {resumed} acquisitions after the promotion; {refused} stale writes refused; {} errors, e.g. {:?}",
+        "kill -9: replica on port {new} promoted (announced) {:?} after the kill; first acquisition {followed:?} after +switch-master; first after the kill at {first:?}; {resumed} acquisitions after it; {refused} stale writes refused; {} errors, e.g. {:?}",
+        switch.saturating_duration_since(killed),
         errors.len(),
         errors.first()
     );
@@ -224,12 +239,15 @@ async fn a_sentinel_failover_is_followed_at_once() {
             }
         }));
     }
+    let announced = set.switch_announced().await;
+    let promotion = set.promotion_of(new);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(cli(set.sentinels[0].port, &["sentinel", "failover", SERVICE]).contains("OK"));
     let asked = Instant::now();
     let promoted_port = set.wait_for_new_primary(old, Duration::from_secs(30));
     assert_eq!(promoted_port, new);
-    let switched = Instant::now();
+    let switched = announced.borrow().unwrap_or_else(Instant::now);
+    let promoted = promotion.borrow().unwrap_or(switched);
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
@@ -246,9 +264,17 @@ async fn a_sentinel_failover_is_followed_at_once() {
         .iter()
         .filter(|(at, stale)| !stale && *at > switched)
         .count();
+    // Acquisitions that landed on the old primary after the replica was promoted: lost when
+    // the old primary is demoted and resyncs (the window Sentinel leaves; require_replicas
+    // closes it).
+    let lost = seen
+        .iter()
+        .filter(|(at, stale)| *stale && *at > promoted)
+        .count();
     println!(
-        "SENTINEL FAILOVER: new primary announced {:?} after the request; {} acquisitions on the old primary after that, the last {last_stale:?} after it; {on_new_after} on the new one",
-        switched.saturating_duration_since(asked),
+        "SENTINEL FAILOVER: replica promoted {:?} after the request, announced {:?} after the promotion; {lost} acquisitions landed on the old primary after the promotion (lost with the demotion), {} after the announcement, the last {last_stale:?} after it; {on_new_after} on the new one",
+        promoted.saturating_duration_since(asked),
+        switched.saturating_duration_since(promoted),
         stale_after.len()
     );
     assert!(
@@ -262,4 +288,111 @@ async fn a_sentinel_failover_is_followed_at_once() {
         errors.len(),
         errors.iter().take(3).collect::<Vec<_>>()
     );
+}
+
+/// `require_replicas` closes the window a Sentinel failover leaves: with the old primary alive
+/// during `SENTINEL FAILOVER`, no acquisition that succeeded landed on the old primary after
+/// the replica's promotion (a write the replica no longer acknowledges fails with
+/// `NotReplicated` and is released).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_replicas_closes_the_failover_window() {
+    let set = SentinelSet::start(1, 1);
+    let url = set.url();
+    let locker = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .require_replicas(1, Duration::from_millis(200))
+        .build()
+        .expect("locker");
+    let old_admin = set.primary.client().await;
+    let new_admin = set.replicas[0].client().await;
+    let new = set.replicas[0].port;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
+    let mut tasks = Vec::new();
+    for t in 0..4usize {
+        let (locker, stop, seen, old_admin, new_admin) = (
+            locker.clone(),
+            stop.clone(),
+            seen.clone(),
+            old_admin.clone(),
+            new_admin.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let key = format!("replicated-switch-{t}");
+            let opts = common::tight()
+                .with_wait(Duration::from_secs(8))
+                .with_ttl(Duration::from_secs(1));
+            let mut rejected = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let g = match locker.acquire_wait(&key, &opts).await {
+                    Ok(g) => g,
+                    Err(_) => {
+                        rejected += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let at = Instant::now();
+                let name = common::lock_key(&key);
+                let on_old: Option<String> =
+                    common::try_cmd(&old_admin, "GET", vec![name.clone().into()]).await;
+                let on_new: Option<String> =
+                    common::try_cmd(&new_admin, "GET", vec![name.into()]).await;
+                let mine =
+                    |v: &Option<String>| v.as_deref().is_some_and(|v| v.ends_with(g.token()));
+                seen.lock()
+                    .expect("seen")
+                    .push((at, mine(&on_old) && !mine(&on_new)));
+                let _ = g.release().await;
+            }
+            rejected
+        }));
+    }
+    let promotion = set.promotion_of(new);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(cli(set.sentinels[0].port, &["sentinel", "failover", SERVICE]).contains("OK"));
+    set.wait_for_new_primary(set.primary.port, Duration::from_secs(30));
+    // Until the demoted primary has resynced as the new one's replica, nothing is acknowledged
+    // (that is the price): wait for 20 acquisitions after the promotion, 20 s at most.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let promoted = *promotion.borrow();
+        let n = promoted.map_or(0, |p| {
+            seen.lock()
+                .expect("seen")
+                .iter()
+                .filter(|(at, _)| *at > p)
+                .count()
+        });
+        if n >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut rejected = 0;
+    for t in tasks {
+        rejected += t.await.expect("task");
+    }
+    let promoted = promotion.borrow().expect("the replica was promoted");
+    let seen = seen.lock().expect("seen").clone();
+    let lost = seen
+        .iter()
+        .filter(|(at, stale)| *stale && *at > promoted)
+        .count();
+    let after = seen.iter().filter(|(at, _)| *at > promoted).count();
+    let resumed = seen
+        .iter()
+        .filter(|(at, _)| *at > promoted)
+        .map(|(at, _)| at.saturating_duration_since(promoted))
+        .min();
+    println!(
+        "SENTINEL FAILOVER with require_replicas(1, 200 ms): {lost} acquisitions on the old primary after the promotion; the first acquisition {resumed:?} after the promotion (once a replica acknowledged again); {after} after it in all; {rejected} refused (NotReplicated or timeouts)"
+    );
+    assert_eq!(
+        lost, 0,
+        "acquisitions that landed on the old primary after the promotion"
+    );
+    assert!(after > 10, "only {after} acquisitions after the promotion");
 }

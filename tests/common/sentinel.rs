@@ -111,6 +111,52 @@ impl SentinelSet {
             .expect("sentinel names a primary")
     }
 
+    /// A task that records when the first sentinel announces `+switch-master` (its own
+    /// subscriber connection: the moment the lockers can follow, measured exactly).
+    pub async fn switch_announced(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<tokio::time::Instant>> {
+        use waitlock::fred::prelude::*;
+        let config = Config::from_url(&format!("redis://127.0.0.1:{}", self.sentinels[0].port))
+            .expect("sentinel url");
+        let sub = Builder::from_config(config)
+            .build_subscriber_client()
+            .expect("sentinel subscriber");
+        sub.init().await.expect("connect to the sentinel");
+        sub.subscribe("+switch-master").await.expect("subscribe");
+        let mut rx = sub.message_rx();
+        let (tx, out) = tokio::sync::watch::channel(None);
+        tokio::spawn(async move {
+            if rx.recv().await.is_ok() {
+                let _ = tx.send(Some(tokio::time::Instant::now()));
+            }
+            let _ = sub.quit().await;
+        });
+        out
+    }
+
+    /// A task that records when `replica` answers `ROLE` with `master` (polled every 2 ms):
+    /// the moment of the promotion, before the sentinels announce it.
+    pub fn promotion_of(
+        &self,
+        replica: u16,
+    ) -> tokio::sync::watch::Receiver<Option<tokio::time::Instant>> {
+        let (tx, out) = tokio::sync::watch::channel(None);
+        tokio::spawn(async move {
+            let client = super::client_for(&format!("redis://127.0.0.1:{replica}")).await;
+            loop {
+                let role: Vec<waitlock::fred::types::Value> =
+                    super::try_cmd(&client, "ROLE", vec![]).await;
+                if role.first().and_then(|v| v.as_str()).as_deref() == Some("master") {
+                    let _ = tx.send(Some(tokio::time::Instant::now()));
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        out
+    }
+
     /// Waits until the sentinels name a primary other than `old`; returns its port.
     pub fn wait_for_new_primary(&self, old: u16, limit: Duration) -> u16 {
         let deadline = Instant::now() + limit;

@@ -29,7 +29,6 @@ use crate::redis::protocol::Grant;
 use crate::redis::{Engine, QueueResidue};
 use fred::clients::{Client, SubscriberClient};
 use fred::interfaces::{ClientLike, EventInterface};
-use fred::types::config::ReconnectPolicy;
 use fred::types::{CustomCommand, Value};
 use hub::{Hub, Mode, SubState};
 use stats::WakeReason;
@@ -61,7 +60,7 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
         client.client_config(),
         Some(perf),
         Some(client.connection_config().clone()),
-        Some(ReconnectPolicy::new_exponential(0, 10, 1000, 2)),
+        Some(crate::redis::reconnect_policy(&client.client_config())),
     );
     let messages = subscriber.message_rx();
     let reconnects = subscriber.reconnect_rx();
