@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use waitlock::fred::prelude::*;
-use waitlock::{Backoff, LockGuard, LockOptions, Locker, PubSubLocker};
+use waitlock::strategy::Strategy;
+use waitlock::{Backoff, LockOptions, Locker, PubSubLocker};
 
 /// Counts live heap bytes, so the scale workload can report what waiters hold now rather than
 /// the allocator's high-water mark that RSS shows.
@@ -55,38 +56,20 @@ const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
 
 // ---------------------------------------------------------------- worker side
 
-enum AnyLocker {
-    Poll(Locker),
-    Sub(PubSubLocker),
+/// The wake statistics line a worker prints (`S <by grant> <by timer> <by other wake-ups>`).
+fn stats_line<S: Strategy>(locker: &Locker<S>) -> String {
+    let s = locker.stats().wakes;
+    format!(
+        "S {} {} {}",
+        s.by_notification,
+        s.by_timer,
+        s.by_reconnect + s.by_lagged + s.by_resubscribe
+    )
 }
 
-impl AnyLocker {
-    async fn acquire(&self, key: &str, o: &LockOptions) -> waitlock::Result<LockGuard> {
-        match self {
-            AnyLocker::Poll(l) => l.acquire(key, o).await,
-            AnyLocker::Sub(l) => l.acquire(key, o).await,
-        }
-    }
-    async fn acquire_wait(&self, key: &str, o: &LockOptions) -> waitlock::Result<LockGuard> {
-        match self {
-            AnyLocker::Poll(l) => l.acquire_wait(key, o).await,
-            AnyLocker::Sub(l) => l.acquire_wait(key, o).await,
-        }
-    }
-    fn stats_line(&self) -> String {
-        match self {
-            AnyLocker::Poll(_) => "S 0 0 0".into(),
-            AnyLocker::Sub(l) => {
-                let s = l.stats().wakes;
-                format!(
-                    "S {} {} {}",
-                    s.by_notification,
-                    s.by_timer,
-                    s.by_reconnect + s.by_lagged + s.by_resubscribe
-                )
-            }
-        }
-    }
+/// The queued locker behind a generic one, if it is one.
+fn queued<S: Strategy>(locker: &Locker<S>) -> Option<&PubSubLocker> {
+    (locker as &dyn std::any::Any).downcast_ref::<PubSubLocker>()
 }
 
 fn options(kind: &str) -> LockOptions {
@@ -116,20 +99,25 @@ fn rss_bytes() -> u64 {
 async fn worker() {
     let url = env("BENCH_URL");
     let kind = env("BENCH_LOCKER");
-    let workload = env("BENCH_WORKLOAD");
-    let tasks = env_num("BENCH_TASKS") as usize;
-    let iters = env_num("BENCH_ITERS") as usize;
-    let base = env_num("BENCH_BASE_ID") as usize;
     let mut builder = Locker::connect(&url).await.expect("worker connect");
     // To compare handoff designs: 0 makes every handoff a short grant its waiter confirms.
     if let Ok(ms) = std::env::var("BENCH_PRESENCE_MS").map(|v| v.parse().unwrap_or(100)) {
         builder = builder.presence_window(Duration::from_millis(ms));
     }
-    let locker = Arc::new(if kind == "pubsub" {
-        AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub"))
+    if kind == "pubsub" {
+        worker_with(builder.queued().build().await.expect("pubsub"), &kind).await
     } else {
-        AnyLocker::Poll(builder.build().expect("locker"))
-    });
+        worker_with(builder.build().expect("locker"), &kind).await
+    }
+}
+
+async fn worker_with<S: Strategy>(locker: Locker<S>, kind: &str) {
+    let kind = kind.to_owned();
+    let workload = env("BENCH_WORKLOAD");
+    let tasks = env_num("BENCH_TASKS") as usize;
+    let iters = env_num("BENCH_ITERS") as usize;
+    let base = env_num("BENCH_BASE_ID") as usize;
+    let locker = Arc::new(locker);
     let mut pipe = Pipe::open();
     if workload == "idle" {
         return idle_worker(&locker, &kind, tasks, pipe).await;
@@ -207,7 +195,7 @@ async fn worker() {
             }
         }
         "scale" => {
-            let client = locker_client(&locker);
+            let client = locker.client().clone();
             let holder = Locker::new(client.clone());
             let keys = 1000;
             let mut held = Vec::new();
@@ -236,16 +224,13 @@ async fn worker() {
             // Wait until every waiter is registered (pub/sub) or has made its first attempt.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             loop {
-                let ready = match &*locker {
-                    AnyLocker::Sub(l) => l.registry_size().waiters == tasks,
-                    AnyLocker::Poll(_) => true,
-                };
+                let ready = queued(&locker).is_none_or(|l| l.registry_size().waiters == tasks);
                 if ready || tokio::time::Instant::now() > deadline {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if let AnyLocker::Sub(l) = &*locker {
+            if let Some(l) = queued(&locker) {
                 l.subscriptions_settled().await;
             }
             tokio::time::sleep(Duration::from_millis(500)).await; // let the Locker's waiters settle into sleeping
@@ -258,14 +243,8 @@ async fn worker() {
             for h in handles {
                 h.await.expect("waiter");
             }
-            let registry = match &*locker {
-                AnyLocker::Sub(l) => l.registry_size().waiters,
-                AnyLocker::Poll(_) => 0,
-            };
-            match &*locker {
-                AnyLocker::Sub(l) => l.locker().idle().await,
-                AnyLocker::Poll(l) => l.idle().await,
-            }
+            let registry = queued(&locker).map_or(0, |l| l.registry_size().waiters);
+            locker.idle().await;
             let mut queued = 0;
             for k in 0..keys {
                 queued += holder
@@ -285,7 +264,7 @@ async fn worker() {
     for r in records.lock().await.iter() {
         pipe.say(r.clone());
     }
-    pipe.say(locker.stats_line());
+    pipe.say(stats_line(&locker));
     pipe.close();
 }
 
@@ -294,7 +273,7 @@ async fn worker() {
 /// waiter queued) `heap <live heap before> <live heap now>`; on `go` (the locks are released)
 /// they take the lock in turn, each printing `A <key index> <ns when acquired>`, and release
 /// at once.
-async fn idle_worker(locker: &Arc<AnyLocker>, kind: &str, tasks: usize, pipe: Pipe) {
+async fn idle_worker<S: Strategy>(locker: &Arc<Locker<S>>, kind: &str, tasks: usize, pipe: Pipe) {
     let keys = env_num("BENCH_KEYS").max(1) as usize;
     let base = env_num("BENCH_BASE_ID") as usize;
     let heap_before = live_heap();
@@ -315,7 +294,7 @@ async fn idle_worker(locker: &Arc<AnyLocker>, kind: &str, tasks: usize, pipe: Pi
             drop(go);
         }));
     }
-    if let AnyLocker::Sub(l) = &**locker {
+    if let Some(l) = queued(locker) {
         while l.registry_size().waiters < tasks {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -331,15 +310,8 @@ async fn idle_worker(locker: &Arc<AnyLocker>, kind: &str, tasks: usize, pipe: Pi
     for h in handles {
         h.await.expect("waiter");
     }
-    pipe.say(locker.stats_line());
+    pipe.say(stats_line(locker));
     pipe.close();
-}
-
-fn locker_client(l: &AnyLocker) -> Client {
-    match l {
-        AnyLocker::Poll(l) => l.client().clone(),
-        AnyLocker::Sub(l) => l.locker().client().clone(),
-    }
 }
 
 // ---------------------------------------------------------------- coordinator side

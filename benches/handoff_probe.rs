@@ -150,10 +150,11 @@ async fn main() {
         summary(v)
     );
 
-    let pubsub = PubSubLocker::connect(&url)
+    let pubsub = Locker::connect(&url)
         .await
         .expect("connect")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("pubsub");
     report(

@@ -6,7 +6,7 @@
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use waitlock::{Error, LockOptions, PubSubLocker};
+use waitlock::{Error, LockOptions, Locker};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("Using Redis at {url}\n");
 
-    let locker = PubSubLocker::connect(&url).await?.build_pubsub().await?;
+    let locker = Locker::connect(&url).await?.queued().build().await?;
     let key = format!("demo:nightly-report:{}", std::process::id());
     let opts = LockOptions::new()
         .with_ttl(Duration::from_secs(5))

@@ -12,7 +12,8 @@ pub enum LossReason {
     /// Redis could not be reached (or did not answer) long enough that the lock's validity
     /// deadline passed before a refresh succeeded.
     Unreachable,
-    /// Refresh was off (`refresh_ratio = 0`) and the lock's validity deadline passed.
+    /// Refresh was off (`refresh_ratio = 0`) and the lock's validity deadline passed: the
+    /// critical section outlived the TTL.
     TtlElapsed,
     /// A refresh was not acknowledged by as many replicas as the locker requires
     /// (`LockerBuilder::require_replicas`) within its timeout: a failover could lose it.
@@ -34,10 +35,71 @@ impl std::fmt::Display for LossReason {
     }
 }
 
+/// The operation a call to Redis was for (in [`Error::Redis`] and [`Error::Timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op {
+    /// Taking the lock (an attempt, or a queued waiter's queueing call or look).
+    Acquire,
+    /// Setting its TTL again (a refresh, `extend`, or confirming a short grant).
+    Extend,
+    /// Releasing it.
+    Release,
+    /// Leaving the waiter queue.
+    LeaveQueue,
+    /// Reading its status.
+    Status,
+    /// Waiting for replicas to acknowledge a write (`require_replicas`).
+    WaitForReplicas,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Acquire => "acquire",
+            Op::Extend => "extend",
+            Op::Release => "release",
+            Op::LeaveQueue => "leave queue",
+            Op::Status => "status",
+            Op::WaitForReplicas => "wait for replicas",
+        })
+    }
+}
+
+/// The step of connecting that failed (in [`Error::Connect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectStep {
+    /// Reading the URL.
+    ParseUrl,
+    /// Opening the connection (TCP, TLS, authentication).
+    Connect,
+    /// Checking that the server can hold locks (its version, that it never evicts them).
+    CheckServer,
+    /// Opening a queued locker's subscriber connection.
+    ConnectSubscriber,
+    /// Asking the server which pub/sub it has (a queued locker needs sharded pub/sub on a
+    /// cluster).
+    PubSub,
+}
+
+impl std::fmt::Display for ConnectStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConnectStep::ParseUrl => "reading the URL",
+            ConnectStep::Connect => "connecting",
+            ConnectStep::CheckServer => "checking the server",
+            ConnectStep::ConnectSubscriber => "connecting the subscriber",
+            ConnectStep::PubSub => "asking for pub/sub",
+        })
+    }
+}
+
 /// Everything that can go wrong in `waitlock`.
 ///
-/// Every variant about a lock names its key ([`Error::key`]); errors that concern no lock
-/// (connecting, or a bad builder option such as the prefix) carry an empty key.
+/// Every variant about a lock names its key ([`Error::key`]); connecting has its own variant
+/// ([`Error::Connect`]), and a bad builder option (the prefix, a timeout) carries an empty
+/// key.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -75,23 +137,14 @@ pub enum Error {
         /// The user's key.
         key: String,
     },
-    /// The lock was lost while a critical section ran.
+    /// The lock was, or may have been, lost while a critical section ran (with refresh off:
+    /// the section outlived the TTL, [`LossReason::TtlElapsed`]).
     #[error("lock {key:?} was lost while held: {reason}")]
     Expired {
         /// The user's key.
         key: String,
         /// What made the holder judge the lock lost.
         reason: LossReason,
-    },
-    /// The critical section outlived the lock's TTL with refresh turned off.
-    #[error(
-        "critical section under lock {key:?} ran past the lock's TTL of {ttl:?} (refresh off)"
-    )]
-    LockTimeout {
-        /// The user's key.
-        key: String,
-        /// The TTL the lock was taken with.
-        ttl: Duration,
     },
     /// An option is out of range; nothing was sent to Redis.
     #[error("invalid option for lock {key:?}: {field} = {value} ({reason})")]
@@ -141,27 +194,36 @@ pub enum Error {
     /// Redis did not answer a call in time.
     ///
     /// `after` is the locker's command timeout, or less for a refresh (cut to the lock's
-    /// validity deadline) and for connecting (`ConnectOptions`' time limit, 5 s by default). A
-    /// waiting acquire whose last attempt is cut
-    /// short by its own wait deadline returns [`Error::WaitTimeout`] instead.
+    /// validity deadline). A waiting acquire whose last attempt is cut short by its own wait
+    /// deadline returns [`Error::WaitTimeout`] instead.
     #[error("lock {key:?}: {op} got no answer from Redis within {after:?}")]
     Timeout {
-        /// The user's key (empty for `connect` and `connect subscriber`).
+        /// The user's key.
         key: String,
-        /// The operation that timed out: `acquire`, `extend`, `release`, `leave queue`,
-        /// `status`, `connect` or `connect subscriber`.
-        op: &'static str,
+        /// The operation that timed out.
+        op: Op,
         /// The time limit that passed.
         after: Duration,
     },
     /// Redis (or the connection to it) returned an error.
     #[error("lock {key:?}: {op} failed: {source}")]
     Redis {
-        /// The user's key (empty for errors that concern no key, such as connecting).
+        /// The user's key.
         key: String,
         /// The operation that failed.
-        op: &'static str,
+        op: Op,
         /// fred's error.
+        #[source]
+        source: fred::error::Error,
+    },
+    /// Connecting failed, or the server cannot hold locks safely; no lock is involved.
+    #[error("{step} {target} failed: {source}")]
+    Connect {
+        /// What connecting was doing.
+        step: ConnectStep,
+        /// Where to: the URL without its password (or what was connected to).
+        target: String,
+        /// fred's error, or what is wrong (a timeout is `ErrorKind::Timeout`).
         #[source]
         source: fred::error::Error,
     },
@@ -176,22 +238,29 @@ impl Error {
             | Error::WaitTimeout { key, .. }
             | Error::NotHeld { key }
             | Error::Expired { key, .. }
-            | Error::LockTimeout { key, .. }
             | Error::InvalidOptions { key, .. }
             | Error::InvalidKey { key, .. }
             | Error::WrongType { key, .. }
             | Error::Timeout { key, .. }
             | Error::NotReplicated { key, .. }
             | Error::Redis { key, .. } => key,
+            Error::Connect { .. } => "",
         }
     }
 
     /// Whether retrying the same call later may succeed: a timeout, or a connection-level error.
-    /// Script errors, bad input and lock states are not transient.
+    /// Script errors, bad input, lock states and a server that cannot hold locks are not
+    /// transient.
     pub fn is_transient(&self) -> bool {
         use fred::error::ErrorKind as K;
         match self {
             Error::Timeout { .. } => true,
+            Error::Connect { step, source, .. } => {
+                !matches!(
+                    step,
+                    ConnectStep::ParseUrl | ConnectStep::CheckServer | ConnectStep::PubSub
+                ) && matches!(source.kind(), K::IO | K::Timeout | K::Canceled)
+            }
             Error::Redis { source, .. } => {
                 matches!(
                     source.kind(),

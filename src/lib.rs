@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs, missing_debug_implementations)]
+#![forbid(unsafe_code)]
 
+mod builder;
 mod error;
 mod hold;
 mod keys;
@@ -9,23 +11,25 @@ mod options;
 mod redis;
 mod stats;
 mod status;
+pub mod strategy;
 mod tasks;
 mod wait;
 
-pub use error::{Error, LossReason, Result};
+pub use builder::LockerBuilder;
+pub use error::{ConnectStep, Error, LossReason, Op, Result};
 pub use hold::guard::LockGuard;
 pub use hold::run::LockContext;
 pub use locker::{
-    Locker, LockerBuilder, PubSubLocker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT,
-    DEFAULT_PREFIX, DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
+    Locker, PubSubLocker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
 };
 pub use options::{Backoff, LockOptions};
-pub use redis::ConnectOptions;
 #[cfg(feature = "tls-rustls")]
 pub use redis::TlsOptions;
-pub use stats::{LockerStats, WaitSummary};
+pub use redis::{redact_url, ConnectOptions};
+pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
 pub use status::LockStatus;
-pub use wait::notify::stats::{RegistrySize, WakeStats};
+pub use strategy::{Poll, Queue};
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).

@@ -839,7 +839,8 @@ fn a_lock_the_command_hands_over_is_the_waiters_for_its_whole_ttl() {
                 .await
                 .expect("connect")
                 .claim_window(Duration::from_secs(3))
-                .build_pubsub()
+                .queued()
+                .build()
                 .await
                 .expect("pubsub locker");
             let opts = waitlock::LockOptions::new()

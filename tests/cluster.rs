@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use waitlock::{LockOptions, Locker, PubSubLocker};
 
 async fn pubsub(url: &str) -> PubSubLocker {
-    PubSubLocker::connect(url)
+    Locker::connect(url)
         .await
         .expect("connect to the cluster")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("pubsub locker on the cluster")
 }
@@ -114,7 +115,7 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     assert!(subscribers.iter().all(|n| *n <= 2), "{subscribers:?}");
     a.subscriptions_settled().await;
     b.subscriptions_settled().await;
-    a.locker().idle().await;
+    a.idle().await;
     for k in &keys {
         assert_eq!(holder.status(k).await.expect("status").queued, 0, "{k}");
     }
@@ -230,7 +231,7 @@ async fn waiters_follow_a_slot_that_moves() {
         stats.lost_subscriptions, stats.by_timer, stats.by_notification
     );
     locker.subscriptions_settled().await;
-    locker.locker().idle().await;
+    locker.idle().await;
     assert_eq!(holder.status(key).await.expect("status").queued, 0);
 }
 
@@ -405,11 +406,12 @@ async fn five_thousand_slots_resubscribe_within_two_seconds() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
     let holder = polling(&url).await;
-    let locker = PubSubLocker::connect(&url)
+    let locker = Locker::connect(&url)
         .await
         .expect("connect to the cluster")
         .command_timeout(Duration::from_millis(250))
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("pubsub locker on the cluster");
     // 5,000 keys whose locks live in 5,000 distinct slots.
@@ -484,5 +486,5 @@ async fn five_thousand_slots_resubscribe_within_two_seconds() {
         "5,000 distinct slots: subscriptions back {back:?} after the kill; every waiter served {:?} after the releases began",
         released.elapsed()
     );
-    locker.locker().idle().await;
+    locker.idle().await;
 }

@@ -12,7 +12,7 @@ use waitlock::fred::prelude::*;
 use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
 async fn pubsub(server: &RedisServer) -> PubSubLocker {
-    PubSubLocker::new(server.client().await)
+    Locker::queued(server.client().await)
         .await
         .expect("pubsub locker")
 }
@@ -201,6 +201,6 @@ async fn a_wait_timeout_costs_at_most_two_attempts() {
         trials,
         "one timer: the deadline"
     );
-    locker.locker().idle().await;
+    locker.idle().await;
     assert_eq!(holder.status("long-0").await.expect("status").queued, 0);
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
+use waitlock::strategy::Strategy;
 use waitlock::{Backoff, Error, LockOptions, Locker, PubSubLocker};
 
 /// The fence-checking store (on a second Redis): refuses any read or write whose fence is
@@ -43,20 +44,6 @@ async fn store_op(store: &Client, fence: u64, op: &str, value: i64) -> i64 {
 
 // ------------------------------------------------------------------ worker process
 
-enum AnyLocker {
-    Poll(Locker),
-    Sub(PubSubLocker),
-}
-
-impl AnyLocker {
-    fn locker(&self) -> &Locker {
-        match self {
-            AnyLocker::Poll(l) => l,
-            AnyLocker::Sub(l) => l.locker(),
-        }
-    }
-}
-
 fn worker_options() -> LockOptions {
     let mut o = LockOptions::new()
         .with_ttl(Duration::from_millis(env_num("F_TTL_MS")))
@@ -77,10 +64,15 @@ async fn worker() {
         .expect("worker connects");
     let builder =
         builder.command_timeout(Duration::from_millis(env_num("F_CMD_TIMEOUT_MS").max(1)));
-    let locker = Arc::new(match env("F_LOCKER").as_str() {
-        "pubsub" => AnyLocker::Sub(builder.build_pubsub().await.expect("pubsub")),
-        _ => AnyLocker::Poll(builder.build().expect("locker")),
-    });
+    match env("F_LOCKER").as_str() {
+        "pubsub" => worker_with(builder.queued().build().await.expect("pubsub")).await,
+        _ => worker_with(builder.build().expect("locker")).await,
+    }
+}
+
+async fn worker_with<S: Strategy>(locker: Locker<S>) {
+    let locker = Arc::new(locker);
+    let queue = (&*locker as &dyn std::any::Any).downcast_ref::<PubSubLocker>();
     let store = client_for(&env("F_STORE_URL")).await;
     let mut pipe = Pipe::open();
     let tx = pipe.out.clone();
@@ -148,10 +140,7 @@ async fn worker() {
                     ));
                     Ok::<_, Error>(())
                 };
-                let r = match &*locker {
-                    AnyLocker::Poll(l) => l.run(&key, &opts, section).await,
-                    AnyLocker::Sub(l) => l.run(&key, &opts, section).await,
-                };
+                let r = locker.run(&key, &opts, section).await;
                 let took = called.elapsed();
                 if let Err(e) = r {
                     let kind = match &e {
@@ -159,7 +148,6 @@ async fn worker() {
                         Error::Timeout { .. } => "Timeout",
                         Error::Redis { .. } => "Redis",
                         Error::Expired { .. } => "Expired",
-                        Error::LockTimeout { .. } => "LockTimeout",
                         _ => "Other",
                     };
                     let _ = tx.send(format!("E {kind} {} {e}", took.as_millis()));
@@ -177,19 +165,16 @@ async fn worker() {
     for t in tasks {
         t.await.expect("worker task");
     }
-    if let AnyLocker::Sub(l) = &*locker {
+    if let Some(l) = queue {
         l.subscriptions_settled().await;
     }
-    locker.locker().idle().await;
-    let size = match &*locker {
-        AnyLocker::Sub(l) => l.registry_size(),
-        AnyLocker::Poll(_) => Default::default(),
-    };
+    locker.idle().await;
+    let size = queue.map(|l| l.registry_size()).unwrap_or_default();
     let _ = tx.send(format!(
         "L {} {} {}",
         size.keys,
         size.waiters,
-        locker.locker().background_tasks()
+        locker.background_tasks()
     ));
     let _ = tx.send("done".into());
     // Stay connected until the coordinator has checked Redis' view of the subscriptions.
@@ -446,7 +431,7 @@ where
 /// task of the locker is running.
 async fn leak_check(env: &Conn, pubsub: &PubSubLocker, keys: &[&str]) -> Result<(), String> {
     pubsub.subscriptions_settled().await;
-    pubsub.locker().idle().await;
+    pubsub.idle().await;
     let size = pubsub.registry_size();
     if size.keys + size.waiters != 0 {
         return Err(format!("registry not empty: {size:?}"));
@@ -632,7 +617,7 @@ async fn scenario_holder_killed(env: &Conn) -> Result<String, String> {
         holder.send("go");
         holder.expect("HELD", Duration::from_secs(10)).await?;
         let waiter_locker = Locker::new(env.admin.clone());
-        let pubsub = PubSubLocker::new(env.admin.clone())
+        let pubsub = Locker::queued(env.admin.clone())
             .await
             .map_err(|e| e.to_string())?;
         let waiting = {
@@ -831,7 +816,7 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
     let _: i64 = cmd(admin, "HSET {waitlock:a-hash} f v", vec![]).await;
     let keys_before: Vec<String> = cmd(admin, "KEYS *", vec![]).await;
     let locker = Locker::new(admin.clone());
-    let pubsub = PubSubLocker::new(admin.clone())
+    let pubsub = Locker::queued(admin.clone())
         .await
         .map_err(|e| e.to_string())?;
     let d = Duration::from_secs;
@@ -1010,6 +995,7 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
                 Error::InvalidKey { .. }
                 | Error::InvalidOptions { .. }
                 | Error::Redis { .. }
+                | Error::Connect { .. }
                 | Error::Timeout { .. },
             ) => {}
             Err(e) => return Err(format!("{what}: unexpected {e:?}")),

@@ -44,7 +44,7 @@ async fn worker(role: &str) {
     let ttl = Duration::from_millis(env_num("H_TTL_MS").max(1));
     match role {
         "grantee" => {
-            let locker = builder.build_pubsub().await.expect("pubsub locker");
+            let locker = builder.queued().build().await.expect("pubsub locker");
             pipe.say("ready");
             while let Some(line) = pipe.input.recv().await {
                 if line != "wait" {
@@ -99,7 +99,7 @@ async fn worker(role: &str) {
             }
         }
         "crowd" => {
-            let locker = builder.build_pubsub().await.expect("pubsub locker");
+            let locker = builder.queued().build().await.expect("pubsub locker");
             let opts = LockOptions::new()
                 .with_ttl(ttl)
                 .with_wait(Duration::from_secs(60));
@@ -282,7 +282,8 @@ async fn pool_replay(url: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let queueing = Locker::builder_with_pool(pool.clone())
         .command_timeout(Duration::from_secs(1))
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .map_err(|e| e.to_string())?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -391,7 +392,7 @@ async fn pool_replay(url: &str) -> Result<String, String> {
     if let Some(e) = failure {
         return Err(e);
     }
-    queueing.locker().idle().await;
+    queueing.idle().await;
     Ok(format!(
         "120 rounds on 6 keys, a pool connection killed every 2 s ({slow} acquisitions waited for a reconnect): after every stale call ran, each lock was still its guard's"
     ))

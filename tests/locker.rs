@@ -6,7 +6,7 @@ use common::{cmd, tight, RedisServer};
 use std::sync::Arc;
 use std::time::Duration;
 use waitlock::fred::prelude::*;
-use waitlock::{Error, LockOptions, Locker};
+use waitlock::{Error, LockOptions, Locker, Op};
 
 async fn setup() -> (RedisServer, Client, Locker) {
     let server = RedisServer::start();
@@ -368,7 +368,13 @@ async fn a_frozen_redis_gives_an_error_within_the_command_timeout() {
     let took = started.elapsed();
     server.resume();
     assert!(
-        matches!(r, Err(Error::Timeout { op: "acquire", .. })),
+        matches!(
+            r,
+            Err(Error::Timeout {
+                op: Op::Acquire,
+                ..
+            })
+        ),
         "{r:?}"
     );
     assert!(

@@ -40,7 +40,7 @@ async fn registered_waiter(
 }
 
 async fn pubsub(server: &RedisServer) -> PubSubLocker {
-    PubSubLocker::new(server.client().await)
+    Locker::queued(server.client().await)
         .await
         .expect("pubsub locker")
 }
@@ -142,11 +142,11 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription(server: Red
         let key = format!("sweep-{k}");
         assert_eq!(common::listeners(&admin, &key).await, 0, "{key}");
         // Departures run in background tasks: wait for them before reading the queue.
-        locker.locker().idle().await;
+        locker.idle().await;
         assert_eq!(common::queued(&admin, &key).await, 0, "{key}");
     }
     assert_eq!(lock_channels(&admin).await, 0);
-    locker.locker().idle().await;
+    locker.idle().await;
     let free: Option<String> = admin
         .get::<Option<String>, _>("{waitlock:sweep-10}")
         .await
@@ -191,9 +191,10 @@ async fn waiters_survive_a_killed_subscriber_connection(server: RedisServer) {
 }
 
 async fn waiters_survive_or_fail_cleanly_across_a_redis_restart(mut server: RedisServer) {
-    let locker = PubSubLocker::builder(server.client().await)
+    let locker = Locker::builder(server.client().await)
         .command_timeout(Duration::from_millis(500))
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("locker");
     let holder = Locker::new(server.client().await);
@@ -384,7 +385,7 @@ async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks(server: R
         .await
         .expect("acquire");
     g.release().await.expect("release");
-    let client = locker.locker().client().clone();
+    let client = locker.client().clone();
     drop(locker);
     let _ = client.quit().await;
     // Nothing keeps the hub alive: its tasks end and the subscriber connection closes.

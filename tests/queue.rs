@@ -24,10 +24,11 @@ async fn child(mode: &str) {
     let url = common::env("Q_URL");
     let key = common::env("Q_KEY");
     let hold = Duration::from_millis(common::env_num("Q_HOLD_MS"));
-    let locker = PubSubLocker::connect(&url)
+    let locker = Locker::connect(&url)
         .await
         .expect("child connects")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("child pubsub");
     let mut pipe = Pipe::open();
@@ -131,7 +132,7 @@ fn worker(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64, ttl_ms: u6
 // ------------------------------------------------------------------ helpers
 
 async fn pubsub(url: &str) -> PubSubLocker {
-    PubSubLocker::new(common::client_for(url).await)
+    Locker::queued(common::client_for(url).await)
         .await
         .expect("pubsub locker")
 }
@@ -529,7 +530,7 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
         r?;
         // The waiter may have won the lock before it was aborted: then its guard was dropped
         // and released in the background. Either way nothing may stay behind.
-        pubsub.locker().idle().await;
+        pubsub.idle().await;
         let s = holder.status(&key).await.map_err(|e| e.to_string())?;
         if s.held || s.queued != 0 {
             return Err(format!("cancel round {i}: left behind {s:?}"));
@@ -538,10 +539,10 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
     pubsub.subscriptions_settled().await;
     let size = pubsub.registry_size();
     let channels = common::lock_channels(&admin).await;
-    if size.keys + size.waiters != 0 || channels != 0 || pubsub.locker().background_tasks() != 0 {
+    if size.keys + size.waiters != 0 || channels != 0 || pubsub.background_tasks() != 0 {
         return Err(format!(
             "leaks: registry {size:?}, {channels} channels, {} tasks",
-            pubsub.locker().background_tasks()
+            pubsub.background_tasks()
         ));
     }
     Ok(format!(
@@ -587,7 +588,7 @@ async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
         worst = worst.max(ms(held.saturating_sub(aborted)));
         g2.release().await.map_err(|e| e.to_string())?;
     }
-    a.locker().idle().await;
+    a.idle().await;
     if worst > 100.0 {
         return Err(format!(
             "the next waiter waited {worst:.1} ms after the cancellation"

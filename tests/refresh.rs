@@ -6,7 +6,7 @@ use common::{tight, RedisServer};
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
-use waitlock::{Error, LockOptions, Locker, LossReason, PubSubLocker};
+use waitlock::{Error, LockOptions, Locker, LossReason};
 
 #[derive(Debug)]
 enum AppError {
@@ -84,11 +84,11 @@ async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
         })
         .await;
     match r {
-        Err(Error::LockTimeout { key, ttl: t }) => {
+        Err(Error::Expired { key, reason }) => {
             assert_eq!(key, "norefresh");
-            assert_eq!(t, ttl);
+            assert_eq!(reason, LossReason::TtlElapsed);
         }
-        other => panic!("expected LockTimeout, got {other:?}"),
+        other => panic!("expected Expired(TtlElapsed), got {other:?}"),
     }
 }
 
@@ -234,7 +234,7 @@ async fn a_panic_releases_the_lock_then_propagates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_runs_leave_no_lock_and_no_task() {
     let (_s, client, locker) = setup().await;
-    let pubsub = PubSubLocker::new(locker.client().clone())
+    let pubsub = Locker::queued(locker.client().clone())
         .await
         .expect("pubsub");
     // A long TTL: a leaked lock would still be there when checked, not expired away.
@@ -265,14 +265,14 @@ async fn dropped_runs_leave_no_lock_and_no_task() {
         t.await.expect("task");
     }
     locker.idle().await;
-    pubsub.locker().idle().await;
+    pubsub.idle().await;
     assert_eq!(
         locker.background_tasks(),
         0,
         "a refresher or release task is still running"
     );
     assert_eq!(
-        pubsub.locker().background_tasks(),
+        pubsub.background_tasks(),
         0,
         "a refresher or release task is still running"
     );

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
-use waitlock::{LockOptions, Locker, PubSubLocker};
+use waitlock::{LockOptions, Locker};
 
 /// Client calls so far (the commands a client sends: scripts, (un)subscribes, pings).
 async fn client_calls(admin: &Client) -> u64 {
@@ -59,8 +59,8 @@ async fn idle_queued_waiters_make_almost_no_calls() {
         held.push(holder.acquire(k, &hold).await.expect("hold"));
     }
     let lockers = [
-        PubSubLocker::new(server.client().await).await.expect("a"),
-        PubSubLocker::new(server.client().await).await.expect("b"),
+        Locker::queued(server.client().await).await.expect("a"),
+        Locker::queued(server.client().await).await.expect("b"),
     ];
     let opts = LockOptions::new().with_wait(Duration::from_secs(60));
     let mut waiters = Vec::new();
@@ -132,7 +132,8 @@ async fn nothing_piles_up() {
     let retention = Duration::from_secs(2);
     let locker = Locker::builder(server.client().await)
         .retention(retention)
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("locker");
     for i in 0..200 {
@@ -160,7 +161,7 @@ async fn nothing_piles_up() {
         t.await.expect("task");
     }
     locker.subscriptions_settled().await;
-    locker.locker().idle().await;
+    locker.idle().await;
     let names: Vec<String> = common::cmd(&admin, "KEYS *", vec![]).await;
     for name in &names {
         assert!(name.ends_with(":fence"), "left behind: {name}");

@@ -14,10 +14,11 @@ use waitlock::{Error, LockOptions, Locker, PubSubLocker};
 
 /// A pub/sub locker and a polling locker, each with its own connection through the sentinels.
 async fn lockers(url: &str) -> (PubSubLocker, Locker) {
-    let a = PubSubLocker::connect(url)
+    let a = Locker::connect(url)
         .await
         .expect("connect")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("pubsub");
     let b = Locker::connect(url)

@@ -9,7 +9,7 @@ use common::RedisServer;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use waitlock::fred::prelude::*;
-use waitlock::{ConnectOptions, Error, LockOptions, Locker, PubSubLocker, TlsOptions};
+use waitlock::{ConnectOptions, ConnectStep, Error, LockOptions, Locker, PubSubLocker, TlsOptions};
 
 /// Every failure must be reported well within this (connecting is cut at 5 s).
 const FAIL_WITHIN: Duration = Duration::from_secs(10);
@@ -66,7 +66,7 @@ async fn handoff(locker: &PubSubLocker, key: &str) {
 }
 
 /// A lock kept alive past several short TTLs, then released.
-async fn refresh(locker: &Locker, key: &str) {
+async fn refresh<S: waitlock::strategy::Strategy>(locker: &Locker<S>, key: &str) {
     let ttl = Duration::from_millis(200);
     let mut g = locker
         .acquire(
@@ -101,14 +101,15 @@ async fn both_lockers_acquire_wait_refresh_and_release_over_tls_with_a_private_c
         .expect("acquire_wait");
     g.release().await.expect("release");
 
-    let pubsub = PubSubLocker::connect_with(&server.url(), &opts)
+    let pubsub = Locker::connect_with(&server.url(), &opts)
         .await
         .expect("connect over TLS")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("the subscriber connects over TLS");
     handoff(&pubsub, "tls-queue").await;
-    refresh(pubsub.locker(), "tls-queue").await;
+    refresh(&pubsub, "tls-queue").await;
     assert_eq!(pubsub.registry_size().waiters, 0);
 }
 
@@ -124,10 +125,11 @@ async fn mutual_tls_works_with_the_client_certificate_and_fails_clearly_without(
             .with_client_cert_files(certs.client_cert(), certs.client_key()),
     );
     // The subscriber connection must present the certificate too, or no grant arrives.
-    let pubsub = PubSubLocker::connect_with(&server.url(), &with_files)
+    let pubsub = Locker::connect_with(&server.url(), &with_files)
         .await
         .expect("connect with a client certificate")
-        .build_pubsub()
+        .queued()
+        .build()
         .await
         .expect("the subscriber presents the client certificate");
     handoff(&pubsub, "mtls").await;
@@ -150,7 +152,16 @@ async fn mutual_tls_works_with_the_client_certificate_and_fails_clearly_without(
         Locker::connect_with(&server.url(), &trusting(certs.ca())),
     )
     .await;
-    assert!(matches!(e, Error::Redis { op: "connect", .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::Connect {
+                step: ConnectStep::Connect,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("client certificate"), "{e}");
 }
 
@@ -162,7 +173,16 @@ async fn a_server_certificate_from_another_ca_is_refused_quickly() {
         Locker::connect_with(&server.url(), &trusting(server.certs.other_ca())),
     )
     .await;
-    assert!(matches!(e, Error::Redis { op: "connect", .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::Connect {
+                step: ConnectStep::Connect,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let msg = e.to_string();
     assert!(
         msg.contains("not signed by a CA this client trusts"),
@@ -171,7 +191,7 @@ async fn a_server_certificate_from_another_ca_is_refused_quickly() {
     // The pub/sub locker connects the same way, so fails the same way.
     fails(
         "wrong CA, pub/sub",
-        PubSubLocker::connect_with(&server.url(), &trusting(server.certs.other_ca())),
+        Locker::connect_with(&server.url(), &trusting(server.certs.other_ca())),
     )
     .await;
     // With no CA given, the system's trust store does not know the private CA either.
@@ -191,7 +211,10 @@ async fn a_plain_text_server_behind_rediss_fails_quickly() {
     assert!(
         matches!(
             e,
-            Error::Redis { op: "connect", .. } | Error::Timeout { op: "connect", .. }
+            Error::Connect {
+                step: ConnectStep::Connect,
+                ..
+            }
         ),
         "{e:?}"
     );
@@ -209,7 +232,10 @@ async fn a_tls_server_behind_redis_fails_quickly() {
     assert!(
         matches!(
             e,
-            Error::Redis { op: "connect", .. } | Error::Timeout { op: "connect", .. }
+            Error::Connect {
+                step: ConnectStep::Connect,
+                ..
+            }
         ),
         "{e:?}"
     );
@@ -276,19 +302,15 @@ async fn a_password_in_the_url_never_shows() {
     let url = format!("rediss://:{PW}@127.0.0.1:{}", server.port);
     let opts = trusting(server.certs.ca());
 
-    let builder = PubSubLocker::connect_with(&url, &opts)
+    let builder = Locker::connect_with(&url, &opts)
         .await
         .expect("connect with the password");
     let shown = format!("{builder:?} {opts:?}");
-    let pubsub = builder.build_pubsub().await.expect("subscriber");
+    let pubsub = builder.queued().build().await.expect("subscriber");
     let token_opts = LockOptions::new().with_ttl(Duration::from_secs(5));
     let g = pubsub.acquire("pw", &token_opts).await.expect("acquire");
     let token = g.token().to_owned();
-    let shown = format!(
-        "{shown} {pubsub:?} {:?} {g:?} {:?}",
-        pubsub.locker(),
-        pubsub.stats()
-    );
+    let shown = format!("{shown} {pubsub:?} {g:?} {:?}", pubsub.stats());
     assert!(!shown.contains(PW), "{shown}");
     assert!(!shown.contains(&token), "{shown}");
     g.release().await.expect("release");
@@ -338,8 +360,6 @@ async fn fred_config_serves_a_client_built_by_hand_and_its_subscriber() {
         .expect("client");
     client.init().await.expect("connect with fred's config");
     // The subscriber is opened from the client's config: TLS and certificate included.
-    let pubsub = PubSubLocker::new(client)
-        .await
-        .expect("subscriber over mTLS");
+    let pubsub = Locker::queued(client).await.expect("subscriber over mTLS");
     handoff(&pubsub, "by-hand").await;
 }

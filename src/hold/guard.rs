@@ -188,7 +188,7 @@ impl LockGuard {
     /// [`Error::Expired`] when the lock was, or may have been, lost while the section ran: a
     /// loss the keep-alive saw, or a release that found the lock gone when the section had
     /// ended after the deadline or when it answered *before* the deadline (it vanished: a restart, a failover, a
-    /// hand-made `DEL`); [`Error::LockTimeout`] for the TTL elapsed with refresh off; a Redis
+    /// hand-made `DEL`; with refresh off, the TTL elapsed: [`LossReason::TtlElapsed`]); a Redis
     /// error of the release (the section itself was covered: the lock expires by its TTL).
     /// [`run`](crate::Locker::run) ends with this; so does the `waitlock` command.
     ///
@@ -198,12 +198,10 @@ impl LockGuard {
         let loss = self.loss();
         let valid_until = self.valid_until();
         let ended_valid = loss.is_none() && valid_until > Instant::now();
-        let (key, ttl, engine) = (self.names.key.clone(), self.ttl(), self.engine());
+        let (key, engine) = (self.names.key.clone(), self.engine());
         let released = self.release().await;
-        match loss {
-            Some(LossReason::TtlElapsed) => return Err(Error::LockTimeout { key, ttl }),
-            Some(reason) => return Err(Error::Expired { key, reason }),
-            None => {}
+        if let Some(reason) = loss {
+            return Err(Error::Expired { key, reason });
         }
         match released {
             // Its token still held the lock: nobody else did meanwhile.
@@ -284,10 +282,6 @@ impl LockGuard {
         if let Some(t) = &self.task {
             t.stop.cancel();
         }
-    }
-
-    pub(crate) fn ttl(&self) -> Duration {
-        self.lease.lock().ttl
     }
 
     pub(crate) fn engine(&self) -> Arc<Engine> {

@@ -43,7 +43,7 @@ where
     };
     match ended {
         Ok(()) => value,
-        Err(e @ (Error::Expired { .. } | Error::LockTimeout { .. })) => Err(e.into()),
+        Err(e @ Error::Expired { .. }) => Err(e.into()),
         Err(e) => {
             // `f` finished while the lock was valid; failing to release only delays the next
             // holder until the TTL. Report `f`'s result.

@@ -1,6 +1,6 @@
 //! Connecting to a URL with the settings a lock client needs.
 
-use crate::error::{Error, Result};
+use crate::error::{ConnectStep, Error, Result};
 use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
@@ -80,20 +80,59 @@ impl ConnectOptions {
     }
 }
 
-/// `url` with any `user:password@` replaced by `***@`, safe to print.
-pub(crate) fn redact(url: &str) -> String {
+/// `url` safe to print: its user and password (`user:password@`, `:password@`) replaced by
+/// `***@`, and the value of any query parameter whose name contains "password" (such as
+/// `sentinelPassword`) by `***`. Passwords may hold `@`, `/`, `:` or `?` unencoded: the user
+/// information ends at the last `@` before the query, and the query starts at the first `?`
+/// followed by a parameter name and `=`. Not a URL (no `://`): `<not a URL>`.
+///
+/// ```
+/// assert_eq!(waitlock::redact_url("rediss://:Xq9@Zr/Kv8@host:6380/0"), "rediss://***@host:6380/0");
+/// assert_eq!(waitlock::redact_url("redis://:pw@h/0?x=a@b"), "redis://***@h/0?x=a@b");
+/// ```
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<not a URL>".into();
     };
-    // The last '@' before the path ends the user info; a password may hold any other
-    // character unencoded.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let cut = rest[..authority_end].rfind('@').or_else(|| rest.rfind('@'));
-    match cut {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
+    // The query: the first '?' followed by a parameter name and '='.
+    let query = rest
+        .char_indices()
+        .filter(|(_, c)| *c == '?')
+        .find_map(|(i, _)| {
+            let tail = &rest[i + 1..];
+            let name = tail.find('=')?;
+            (name > 0
+                && tail[..name]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .then_some(i)
+        });
+    let (before, query) = rest.split_at(query.unwrap_or(rest.len()));
+    let before = match before.rfind('@') {
+        Some(at) => format!("***@{}", &before[at + 1..]),
+        None => before.to_owned(),
+    };
+    let query: Vec<String> = query
+        .strip_prefix('?')
+        .map(|q| {
+            q.split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.to_ascii_lowercase().contains("password") => {
+                        format!("{k}=***")
+                    }
+                    _ => kv.to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if query.is_empty() {
+        format!("{scheme}://{before}")
+    } else {
+        format!("{scheme}://{before}?{}", query.join("&"))
     }
 }
+
+pub(crate) use redact_url as redact;
 
 /// The scheme of `url` without its TLS `s` (`rediss-cluster` gives `redis-cluster`), or `None`
 /// when the URL does not ask for TLS. fred's own test: the scheme starts with `rediss` or
@@ -140,9 +179,9 @@ pub(crate) fn reconnect_policy(config: &Config) -> ReconnectPolicy {
 /// builds a default connector that cannot trust a private CA.
 fn config_for(url: &str, opts: &ConnectOptions) -> Result<Config> {
     let parse = |u: &str| {
-        Config::from_url(u).map_err(|source| Error::Redis {
-            key: String::new(),
-            op: "parse url",
+        Config::from_url(u).map_err(|source| Error::Connect {
+            step: ConnectStep::ParseUrl,
+            target: redact(url),
             source,
         })
     };
@@ -199,24 +238,24 @@ pub(crate) async fn connect_client(
         .with_connection_config(|c| c.connection_timeout = ATTEMPT_TIMEOUT.min(limit))
         .set_policy(policy)
         .build()
-        .map_err(|source| Error::Redis {
-            key: String::new(),
-            op: "connect",
+        .map_err(|source| Error::Connect {
+            step: ConnectStep::Connect,
+            target: redact(url),
             source,
         })?;
     // `init` resolves on the first connection attempt's outcome; if it fails the router task
     // is stopped, so nothing is left behind.
     match tokio::time::timeout(limit, client.init()).await {
-        Ok(Ok(_)) => match check_server(&client, limit, opts).await {
+        Ok(Ok(_)) => match check_server(&client, url, limit, opts).await {
             Ok(()) => Ok(client),
             Err(e) => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
                 Err(e)
             }
         },
-        Ok(Err(source)) => Err(Error::Redis {
-            key: String::new(),
-            op: "connect",
+        Ok(Err(source)) => Err(Error::Connect {
+            step: ConnectStep::Connect,
+            target: redact(url),
             source: explain(
                 source,
                 plain_scheme(url).is_some(),
@@ -225,10 +264,10 @@ pub(crate) async fn connect_client(
         }),
         Err(_) => {
             let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
-            Err(Error::Timeout {
-                key: String::new(),
-                op: "connect",
-                after: limit,
+            Err(Error::Connect {
+                step: ConnectStep::Connect,
+                target: redact(url),
+                source: FredError::new(ErrorKind::Timeout, format!("no answer within {limit:?}")),
             })
         }
     }
@@ -239,10 +278,15 @@ pub(crate) async fn connect_client(
 /// policy (any other policy may evict a lock key, its shortest TTL first with `volatile-ttl`,
 /// and two holders follow), unless `opts` allows eviction. A server that will not say (`CONFIG`
 /// renamed away or refused by an ACL) gets a warning in the log, not an error.
-async fn check_server(client: &Client, limit: Duration, opts: &ConnectOptions) -> Result<()> {
-    let refuse = |why: String| Error::Redis {
-        key: String::new(),
-        op: "connect",
+async fn check_server(
+    client: &Client,
+    url: &str,
+    limit: Duration,
+    opts: &ConnectOptions,
+) -> Result<()> {
+    let refuse = |why: String| Error::Connect {
+        step: ConnectStep::CheckServer,
+        target: redact(url),
         source: FredError::new(ErrorKind::Config, why),
     };
     let info = client.custom::<String, _>(
@@ -377,13 +421,33 @@ mod tests {
 
     #[test]
     fn passwords_never_print() {
-        assert_eq!(
-            redact("rediss://user:s3cr/et@db.example:6380/2"),
-            "rediss://***@db.example:6380/2"
-        );
-        assert_eq!(redact("redis://:p@w@h:1/0"), "redis://***@h:1/0");
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact("secret"), "<not a URL>");
+        // Every form, with passwords that hold '@', '/', ':' and '?'.
+        let cases = [
+            (
+                "rediss://user:s3cr/et@db.example:6380/2",
+                "rediss://***@db.example:6380/2",
+            ),
+            ("redis://:p@w@h:1/0", "redis://***@h:1/0"),
+            ("rediss://:Xq9@Zr/Kv8@host", "rediss://***@host"),
+            ("redis://:p@ss/w@host:6379/0", "redis://***@host:6379/0"),
+            ("redis://us:er:p:w@h:1", "redis://***@h:1"),
+            ("redis://:p?w@h:1/0", "redis://***@h:1/0"),
+            ("redis://:pw@h/0?x=a@b", "redis://***@h/0?x=a@b"),
+            (
+                "redis-sentinel://:p@s/s@h:26379/0?sentinelServiceName=m&sentinelPassword=s@c/r:t",
+                "redis-sentinel://***@h:26379/0?sentinelServiceName=m&sentinelPassword=***",
+            ),
+            (
+                "redis-cluster://:a:b@c@h1:7000?node=h2:7001",
+                "redis-cluster://***@h1:7000?node=h2:7001",
+            ),
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://h:1/0?x=1", "redis://h:1/0?x=1"),
+            ("secret", "<not a URL>"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact(url), shown, "{url}");
+        }
     }
 
     #[test]

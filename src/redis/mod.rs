@@ -10,8 +10,8 @@ pub(crate) mod sentinel;
 mod tls;
 
 pub(crate) use background::{QueueResidue, ResidueGuard};
-pub use connect::ConnectOptions;
 pub(crate) use connect::{connect_client, reconnect_policy};
+pub use connect::{redact_url, ConnectOptions};
 pub(crate) use scripts::{Attempt, Extended, Queued, Released};
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;

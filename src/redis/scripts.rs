@@ -8,7 +8,7 @@
 
 use super::protocol::{reply, LeaveFlag};
 use super::{Client, Engine};
-use crate::error::{Error, Result};
+use crate::error::{Error, Op, Result};
 use crate::keys::Names;
 use fred::interfaces::{ClientLike, LuaInterface, ServerInterface};
 use fred::types::scripts::Script;
@@ -108,11 +108,11 @@ pub(crate) struct RawStatus {
 /// A script and the operation name its errors carry.
 pub(crate) struct Lua {
     script: Script,
-    op: &'static str,
+    op: Op,
 }
 
 impl Lua {
-    fn new(op: &'static str, text: &'static str) -> Lua {
+    fn new(op: Op, text: &'static str) -> Lua {
         Lua {
             script: Script::from_lua(text),
             op,
@@ -131,11 +131,11 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            acquire: Lua::new("acquire", ACQUIRE),
-            extend: Lua::new("extend", EXTEND),
-            release: Lua::new("release", RELEASE),
-            leave: Lua::new("leave queue", LEAVE),
-            status: Lua::new("status", STATUS),
+            acquire: Lua::new(Op::Acquire, ACQUIRE),
+            extend: Lua::new(Op::Extend, EXTEND),
+            release: Lua::new(Op::Release, RELEASE),
+            leave: Lua::new(Op::LeaveQueue, LEAVE),
+            status: Lua::new(Op::Status, STATUS),
         }
     }
 }
@@ -144,7 +144,7 @@ fn remaining(ms: i64) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-fn unexpected(names: &Names, op: &'static str, reply: &[i64]) -> Error {
+fn unexpected(names: &Names, op: Op, reply: &[i64]) -> Error {
     Error::Redis {
         key: names.key.clone(),
         op,
@@ -347,7 +347,7 @@ impl Engine {
                         .await?;
                     continue;
                 }
-                other => return Err(unexpected(c.names, "acquire", other)),
+                other => return Err(unexpected(c.names, Op::Acquire, other)),
             });
         }
     }
@@ -370,7 +370,7 @@ impl Engine {
             [reply::DONE, fence] => Extended::Confirmed {
                 fence: *fence as u64,
             },
-            other => return Err(unexpected(c.names, "extend", other)),
+            other => return Err(unexpected(c.names, Op::Extend, other)),
         };
         self.replicated(client, c.names).await?;
         Ok(extended)
@@ -388,14 +388,14 @@ impl Engine {
             Err(_) => {
                 return Err(Error::Timeout {
                     key: names.key.clone(),
-                    op: "wait for replicas",
+                    op: Op::WaitForReplicas,
                     after: limit,
                 })
             }
             Ok(Err(source)) => {
                 return Err(Error::Redis {
                     key: names.key.clone(),
-                    op: "wait for replicas",
+                    op: Op::WaitForReplicas,
                     source,
                 })
             }
@@ -477,7 +477,7 @@ impl Engine {
                     .await?;
                 Left::GaveBack
             }
-            other => return Err(unexpected(c.names, "leave queue", other)),
+            other => return Err(unexpected(c.names, Op::LeaveQueue, other)),
         })
     }
 
@@ -500,7 +500,7 @@ impl Engine {
                 fence: (*fence).max(0) as u64,
                 queued: (*queued).max(0) as u64,
             }),
-            other => Err(unexpected(names, "status", other)),
+            other => Err(unexpected(names, Op::Status, other)),
         }
     }
 }

@@ -68,7 +68,7 @@ impl Pem {
 ///     .with_client_cert_files("/etc/redis/client.pem", "/etc/redis/client.key");
 /// let locker = Locker::connect_with("rediss://redis.internal:6380", &ConnectOptions::new().with_tls(tls))
 ///     .await?
-///     .build_pubsub()
+///     .queued().build()
 ///     .await?;
 /// # let _ = locker; Ok(()) }
 /// ```

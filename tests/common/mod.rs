@@ -101,8 +101,8 @@ impl RedisServer {
         );
     }
 
-    /// Starts the process on `self.port`; true once it answers PING (a TLS-only server, which
-    /// answers no plain-text PING: once its log says it accepts connections).
+    /// Starts the process on `self.port`; true once its log says it accepts connections and it
+    /// answers PING (a TLS-only server answers no plain-text PING: the log alone).
     fn spawn(&mut self) -> bool {
         let log = self.dir.join(format!("redis-{}.log", self.port));
         let port = self.port.to_string();
@@ -143,11 +143,10 @@ impl RedisServer {
                     return false; // exited: port taken, most likely
                 }
             }
-            let ready = if self.tls_only {
-                self.log().contains("Ready to accept connections")
-            } else {
-                self.ping()
-            };
+            // Our own log first: a PING alone could be answered by another test's server
+            // that took the port between `free_port` and this spawn.
+            let ready = self.log().contains("Ready to accept connections")
+                && (self.tls_only || self.ping());
             if ready {
                 return true;
             }

@@ -1,7 +1,7 @@
 //! Exit codes and the messages a person reads on stderr.
 
 use std::time::Duration;
-use waitlock::Error;
+use waitlock::{ConnectStep, Error};
 
 /// Bad usage (sysexits' EX_USAGE).
 pub const USAGE: u8 = 64;
@@ -51,16 +51,9 @@ pub fn quoted(key: &str) -> String {
     format!("'{}'", key.escape_debug())
 }
 
-/// `url` with any `user:password@` replaced by `***@`, safe to print.
+/// `url` safe to print (the library's redaction: one rule for both).
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    // The last '@' ends the user info; a password may hold any other character unencoded.
-    match rest.rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
-    }
+    waitlock::redact_url(url)
 }
 
 /// The exit code for a library error; `conflict` for "someone else has the lock".
@@ -68,10 +61,11 @@ pub fn exit_code(e: &Error, conflict: u8) -> u8 {
     match e {
         Error::Locked { .. } | Error::WaitTimeout { .. } | Error::AlreadyHeld { .. } => conflict,
         Error::InvalidKey { .. } | Error::InvalidOptions { .. } => USAGE,
-        Error::Redis { op, .. } if *op == "parse url" => USAGE,
-        Error::Redis { op, .. } | Error::Timeout { op, .. } if op.starts_with("connect") => {
-            UNAVAILABLE
-        }
+        Error::Connect {
+            step: ConnectStep::ParseUrl,
+            ..
+        } => USAGE,
+        Error::Connect { .. } => UNAVAILABLE,
         e if e.is_transient() => UNAVAILABLE,
         _ => SOFTWARE,
     }
@@ -82,10 +76,14 @@ pub fn exit_code(e: &Error, conflict: u8) -> u8 {
 pub fn describe(e: &Error, url: &str) -> String {
     let at = redact(url);
     match e {
-        Error::Redis { op, source, .. } if *op == "parse url" => {
+        Error::Connect {
+            step: ConnectStep::ParseUrl,
+            source,
+            ..
+        } => {
             format!("bad Redis URL {at:?}: {source}")
         }
-        Error::Redis { op, source, .. } if op.starts_with("connect") => {
+        Error::Connect { source, .. } => {
             // The library's TLS hints name its API; say the options of this command instead.
             let why = source
                 .to_string()
@@ -95,12 +93,6 @@ pub fn describe(e: &Error, url: &str) -> String {
                     "--tls-cert FILE --tls-key FILE",
                 );
             format!("cannot connect to Redis at {at}: {why}")
-        }
-        Error::Timeout { op, after, .. } if op.starts_with("connect") => {
-            format!(
-                "cannot connect to Redis at {at}: no answer within {}",
-                secs(*after)
-            )
         }
         Error::InvalidKey { key, reason } => format!("invalid key {}: {reason}", quoted(key)),
         Error::InvalidOptions {
@@ -126,7 +118,10 @@ mod tests {
         );
         assert_eq!(redact("rediss://:pw@h"), "rediss://***@h");
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(redact("not a url"), "<not a URL>");
+        // The library's rule: a password with '/' or a query with '@' (the CLI had its own).
+        assert_eq!(redact("rediss://:Xq9@Zr/Kv8@host"), "rediss://***@host");
+        assert_eq!(redact("redis://:pw@h/0?x=a@b"), "redis://***@h/0?x=a@b");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
-use waitlock::{Error, LockGuard, LockOptions, PubSubLocker};
+use waitlock::{Error, LockGuard, LockOptions, Locker, PubSubLocker};
 
 /// The signals forwarded to the command (and that end a wait for the lock).
 struct Signals {
@@ -112,10 +112,11 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
     };
     tracing::debug!(url = %report::redact(url), "connecting");
     let locker = async {
-        PubSubLocker::connect_with(url, &args.conn.options())
+        Locker::connect_with(url, &args.conn.options())
             .await?
             .prefix(args.conn.prefix.as_str())
-            .build_pubsub()
+            .queued()
+            .build()
             .await
     }
     .await
@@ -270,7 +271,7 @@ async fn supervise(
     // within the lease is not a lost lock.
     match guard.release_after_section().await {
         Ok(()) => code,
-        Err(Error::Expired { .. } | Error::LockTimeout { .. }) => {
+        Err(Error::Expired { .. }) => {
             out.error(format!(
                 "{} was no longer held when the command exited after {ran} (its status: {code}): \
                  it may have run partly without the lock",

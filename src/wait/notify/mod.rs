@@ -22,7 +22,7 @@ pub(crate) mod hub;
 pub(crate) mod stats;
 
 use super::{Request, Step, Waiting};
-use crate::error::{Error, Result};
+use crate::error::{ConnectStep, Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::{validity_deadline, Hold};
 use crate::redis::protocol::Grant;
@@ -65,9 +65,9 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     let messages = subscriber.message_rx();
     let reconnects = subscriber.reconnect_rx();
     let connect_limit = engine.command_timeout.max(Duration::from_secs(1));
-    let fail = |source| Error::Redis {
-        key: String::new(),
-        op: "connect subscriber",
+    let fail = |source| Error::Connect {
+        step: ConnectStep::ConnectSubscriber,
+        target: "the subscriber connection".into(),
         source,
     };
     match tokio::time::timeout(connect_limit, subscriber.init()).await {
@@ -78,11 +78,10 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(1), s.quit()).await;
             });
-            return Err(Error::Timeout {
-                key: String::new(),
-                op: "connect subscriber",
-                after: connect_limit,
-            });
+            return Err(fail(fred::error::Error::new(
+                fred::error::ErrorKind::Timeout,
+                format!("no answer within {connect_limit:?}"),
+            )));
         }
     }
     tracing::debug!(?mode, "pub/sub mode");
@@ -137,9 +136,9 @@ async fn detect_mode(client: &Client, limit: Duration) -> Result<Mode> {
             return Ok(Mode::Sharded);
         }
         if client.is_clustered() {
-            return Err(Error::Redis {
-                key: String::new(),
-                op: "connect subscriber",
+            return Err(Error::Connect {
+                step: ConnectStep::PubSub,
+                target: "the cluster".into(),
                 source: fred::error::Error::new(
                     fred::error::ErrorKind::Config,
                     "this cluster has no sharded pub/sub (SSUBSCRIBE and SPUBLISH, Redis >= 7.0): \
@@ -149,9 +148,9 @@ async fn detect_mode(client: &Client, limit: Duration) -> Result<Mode> {
         }
         return Ok(Mode::Classic);
     }
-    Err(Error::Redis {
-        key: String::new(),
-        op: "connect subscriber",
+    Err(Error::Connect {
+        step: ConnectStep::PubSub,
+        target: "the server".into(),
         source: fred::error::Error::new(
             fred::error::ErrorKind::IO,
             format!(

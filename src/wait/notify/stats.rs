@@ -1,6 +1,6 @@
-//! The pub/sub locker's counters and the registry's size: public figures for dashboards and
-//! tests.
+//! The queue strategy's live counters (their snapshot is `crate::stats::WakeStats`).
 
+use crate::stats::WakeStats;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a waiter woke up.
@@ -88,63 +88,4 @@ impl Counters {
             lost_subscriptions: g(&self.lost_subscriptions),
         }
     }
-}
-
-/// A snapshot of a [`PubSubLocker`](crate::PubSubLocker)'s counters since it was built.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WakeStats {
-    /// Acquire attempts sent by `acquire_wait` (the first, unqueued one; queueing ones; checks).
-    pub attempts: u64,
-    /// Waits ended by a grant: the release handed this waiter the lock.
-    pub by_notification: u64,
-    /// Waits ended by a timer (the first waiter's look when the holder's lease ends, the
-    /// deadline, the backoff delay while the subscription is down, or the long safety
-    /// interval).
-    pub by_timer: u64,
-    /// Waits ended because the subscriber connection came back (messages may have been lost).
-    pub by_reconnect: u64,
-    /// Waits ended because the message stream lagged (messages were dropped).
-    pub by_lagged: u64,
-    /// Waits ended because the key's subscription was confirmed again after it was lost or
-    /// had failed.
-    pub by_resubscribe: u64,
-    /// Watch messages: a waiter became the first of its queue and watches the holder's lease.
-    pub by_watch: u64,
-    /// Waits woken because the process resumed from a freeze, or a grant of this process
-    /// lapsed (its waiters look again: the queue may have dropped them).
-    pub by_resume: u64,
-    /// Times the process was found to have been frozen (its timers fired a second or more
-    /// late).
-    pub freezes: u64,
-    /// Health probes of the subscriber connection that got no answer in time (each forces a
-    /// reconnection).
-    pub probe_failures: u64,
-    /// Reconnections of the subscriber connection seen.
-    pub reconnects: u64,
-    /// Times the message stream reported lost messages.
-    pub lagged: u64,
-    /// Channels subscribed (counted per channel).
-    pub subscribes: u64,
-    /// Channels unsubscribed (counted per channel).
-    pub unsubscribes: u64,
-    /// Grants confirmed (one round trip) before `acquire_wait` returned: a short grant (the
-    /// waiter's process had not been seen on the key lately), a grant that arrived late, or
-    /// one from an older version that did not say its lease.
-    pub confirmed_on_arrival: u64,
-    /// Grants that arrived for a waiter that had already left, and were given back at once.
-    pub orphan_grants: u64,
-    /// Subscriptions Redis had dropped without a word (a Cluster slot moved), found by a
-    /// queued waiter's check and made again.
-    pub lost_subscriptions: u64,
-}
-
-/// How much the per-key registry holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RegistrySize {
-    /// Keys with at least one waiter in this process (each has one subscribed channel).
-    pub keys: usize,
-    /// Waiters in this process.
-    pub waiters: usize,
 }

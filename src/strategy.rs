@@ -1,0 +1,105 @@
+//! How a locker's waiters wait: the type parameter of [`Locker`](crate::Locker).
+//!
+//! - [`Poll`]: retry with jittered exponential backoff. Nothing to set up; right when waiting
+//!   is rare. Its waiters never jump the queue of [`Queue`] waiters on the same key: under
+//!   sustained queued contention they wait until their deadline.
+//! - [`Queue`]: queue in Redis (FIFO across processes) and be handed the lock by the
+//!   release; one subscriber connection per locker. Right whenever waiting is common; use it
+//!   for every locker that waits on a hot key.
+
+use crate::error::Result;
+use crate::hold::guard::LockGuard;
+use crate::redis::Engine;
+use crate::stats::WakeStats;
+use crate::wait::notify::hub::Hub;
+use crate::wait::Request;
+use std::future::Future;
+use std::sync::Arc;
+
+/// Waiting by polling (see the [module](self) docs).
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct Poll;
+
+/// Waiting queued in Redis (see the [module](self) docs). Holds the locker's subscriber
+/// connection.
+#[derive(Clone)]
+pub struct Queue {
+    pub(crate) hub: Arc<Hub>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (keys, waiters) = self.hub.size();
+        f.debug_struct("Queue")
+            .field("keys", &keys)
+            .field("waiters", &waiters)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A waiting strategy: [`Poll`] or [`Queue`] (sealed).
+pub trait Strategy: sealed::Wait {}
+
+impl Strategy for Poll {}
+impl Strategy for Queue {}
+
+// The sealed pattern: `Wait` cannot be named outside the crate (nobody can implement
+// `Strategy` or call these methods), though the compiler counts its methods as reachable
+// through `Strategy`.
+#[allow(private_interfaces)]
+pub(crate) mod sealed {
+    use super::*;
+
+    /// What a strategy does; the one place the lockers differ.
+    pub trait Wait: Clone + Send + Sync + 'static {
+        /// The id of this locker's process in Redis (empty for a polling locker).
+        fn process_id(&self) -> &str;
+
+        /// Waits for the lock as the strategy does.
+        fn wait<'a>(
+            &'a self,
+            engine: &'a Arc<Engine>,
+            req: &'a Request,
+        ) -> impl Future<Output = Result<LockGuard>> + Send + 'a;
+
+        /// Why waiters woke (all zero for a polling locker).
+        fn wakes(&self) -> WakeStats;
+    }
+
+    impl Wait for Poll {
+        fn process_id(&self) -> &str {
+            ""
+        }
+
+        fn wait<'a>(
+            &'a self,
+            engine: &'a Arc<Engine>,
+            req: &'a Request,
+        ) -> impl Future<Output = Result<LockGuard>> + Send + 'a {
+            crate::wait::poll(engine, req)
+        }
+
+        fn wakes(&self) -> WakeStats {
+            WakeStats::default()
+        }
+    }
+
+    impl Wait for Queue {
+        fn process_id(&self) -> &str {
+            &self.hub.id
+        }
+
+        fn wait<'a>(
+            &'a self,
+            engine: &'a Arc<Engine>,
+            req: &'a Request,
+        ) -> impl Future<Output = Result<LockGuard>> + Send + 'a {
+            crate::wait::notify::wait(engine, &self.hub, req)
+        }
+
+        fn wakes(&self) -> WakeStats {
+            self.hub.counters.snapshot()
+        }
+    }
+}
