@@ -892,7 +892,7 @@ async fn coordinator(quick: bool) {
                 .await
                 .expect("worker ready");
         }
-        let queued_key = |k: usize| format!("{{waitlock:bench-idle-{k}}}:q");
+        let queued_key = |k: usize| common::queue_key(&format!("bench-idle-{k}"));
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         loop {
             let mut n = 0i64;

@@ -8,7 +8,7 @@ mod common;
 
 use common::runner::Runner;
 use common::worker::{Pipe, Proc};
-use common::{client_for, cmd, env, env_num, now_ns, RedisServer};
+use common::{client_for, cmd, env, env_num, lock_key, now_ns, RedisServer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -284,7 +284,7 @@ impl Conn {
         if self.primaries.is_empty() {
             return common::listeners(&self.admin, key).await;
         }
-        let pattern = format!("{}:w:*", common::lock_key(key));
+        let pattern = format!("{}:w:*", lock_key(key));
         self.primaries
             .iter()
             .map(|p| {
@@ -301,7 +301,7 @@ impl Conn {
         if self.primaries.is_empty() {
             return common::queued(&self.admin, key).await;
         }
-        let name = format!("{}:q", common::lock_key(key));
+        let name = common::queue_key(key);
         self.primaries
             .iter()
             .filter_map(|p| {
@@ -810,10 +810,15 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
         .await
         .map_err(|e| e.to_string())?;
     let _: i64 = admin
-        .rpush("{waitlock:a-list}", "x")
+        .rpush(&lock_key("a-list"), "x")
         .await
         .map_err(|e| e.to_string())?;
-    let _: i64 = cmd(admin, "HSET {waitlock:a-hash} f v", vec![]).await;
+    let _: i64 = cmd(
+        admin,
+        "HSET",
+        vec![lock_key("a-hash").into(), "f".into(), "v".into()],
+    )
+    .await;
     let keys_before: Vec<String> = cmd(admin, "KEYS *", vec![]).await;
     let locker = Locker::new(admin.clone());
     let pubsub = Locker::queued(admin.clone())
@@ -944,6 +949,18 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
             };
             if !named {
                 return Err(format!("{what} ({which}): expected {expect}, got {e:?}"));
+            }
+            // The message names the key (a long one by its first 64 characters).
+            let shown = format!("{:?}", key.chars().take(64).collect::<String>());
+            let shown = if key.len() > 64 {
+                shown.strip_suffix('"').unwrap_or(&shown)
+            } else {
+                &shown
+            };
+            if !e.to_string().contains(shown) {
+                return Err(format!(
+                    "{what} ({which}): the message does not name the key: {e}"
+                ));
             }
         }
     }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{cmd, tight, RedisServer};
+use common::{cmd, fence_key, lock_key, tight, RedisServer};
 use std::sync::Arc;
 use std::time::Duration;
 use waitlock::fred::prelude::*;
@@ -77,11 +77,11 @@ async fn fences_increase_across_holders_expiry_and_eviction() {
                 .acquire_wait("fenced", &tight())
                 .await
                 .map(std::mem::forget);
-            let _: i64 = client.del("{waitlock:fenced}").await.expect("DEL");
+            let _: i64 = client.del(&lock_key("fenced")).await.expect("DEL");
         }
     }
     // The fence counter itself is evicted: fences still grow (they are floored by Redis TIME).
-    let _: i64 = client.del("{waitlock:fenced}:fence").await.expect("DEL");
+    let _: i64 = client.del(&fence_key("fenced")).await.expect("DEL");
     let g = locker
         .acquire("fenced", &opts)
         .await
@@ -133,13 +133,13 @@ async fn wrong_token_gets_not_held_and_leaves_the_lock() {
     ));
     // The value is a state letter ('p': nobody queued) and the holder's token.
     assert_eq!(
-        raw_get(&client, "{waitlock:owned}").await,
+        raw_get(&client, &lock_key("owned")).await,
         Some(format!("p{}", g.token()))
     );
-    let pttl: i64 = client.pttl("{waitlock:owned}").await.expect("PTTL");
+    let pttl: i64 = client.pttl(&lock_key("owned")).await.expect("PTTL");
     assert!(pttl > 25_000, "TTL changed by a wrong token: {pttl}");
     g.release().await.expect("release");
-    assert_eq!(raw_get(&client, "{waitlock:owned}").await, None);
+    assert_eq!(raw_get(&client, &lock_key("owned")).await, None);
 }
 
 #[tokio::test]
@@ -168,7 +168,7 @@ async fn token_level_control_as_in_the_seeds() {
         .extend("manual", "tok-1", Duration::from_secs(100))
         .await
         .expect("extend");
-    let pttl: i64 = client.pttl("{waitlock:manual}").await.expect("PTTL");
+    let pttl: i64 = client.pttl(&lock_key("manual")).await.expect("PTTL");
     assert!(pttl > 90_000, "extend did not set the TTL: {pttl}");
     locker.unlock("manual", "tok-1").await.expect("unlock");
     assert!(matches!(
@@ -260,58 +260,8 @@ async fn acquire_wait_honours_its_deadline_and_wait_zero() {
     }
 }
 
-#[tokio::test]
-async fn invalid_input_is_refused_and_touches_nothing() {
-    let (_s, client, locker) = setup().await;
-    let before: i64 = cmd(&client, "DBSIZE", vec![]).await;
-    let bad: Vec<(&str, LockOptions)> = vec![
-        ("", LockOptions::new()),
-        ("k", LockOptions::new().with_ttl(Duration::ZERO)),
-        (
-            "k",
-            LockOptions::new().with_ttl(Duration::from_secs(u64::MAX)),
-        ),
-        ("k", LockOptions::new().with_refresh_ratio(1.5)),
-        ("k", LockOptions::new().with_refresh_ratio(f64::NAN)),
-        ("k", LockOptions::new().with_token("")),
-    ];
-    for (key, opts) in bad {
-        let e = locker
-            .acquire(key, &opts)
-            .await
-            .expect_err("must be refused");
-        assert!(
-            matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }),
-            "{e:?}"
-        );
-        assert!(
-            e.to_string().contains(&format!("{key:?}")),
-            "message must name the key: {e}"
-        );
-        let e = locker
-            .acquire_wait(key, &opts)
-            .await
-            .expect_err("must be refused");
-        assert!(
-            matches!(e, Error::InvalidKey { .. } | Error::InvalidOptions { .. }),
-            "{e:?}"
-        );
-    }
-    assert!(matches!(
-        locker.try_lock("k", "", Duration::from_secs(1)).await,
-        Err(Error::InvalidOptions { field: "token", .. })
-    ));
-    assert!(matches!(
-        locker.try_lock("k", "t", Duration::ZERO).await,
-        Err(Error::InvalidOptions { field: "ttl", .. })
-    ));
-    assert!(matches!(
-        locker.extend("", "t", Duration::from_secs(1)).await,
-        Err(Error::InvalidKey { .. })
-    ));
-    let after: i64 = cmd(&client, "DBSIZE", vec![]).await;
-    assert_eq!(before, after, "bad input wrote to Redis");
-}
+// Bad input (keys, options, tokens, builders, URLs) is one table: `scenario_bad_input` in
+// tests/faults.rs, run against both strategies.
 
 #[tokio::test]
 async fn odd_keys_work() {
@@ -346,12 +296,12 @@ async fn odd_keys_work() {
 #[tokio::test]
 async fn a_foreign_value_under_the_lock_key_is_a_typed_error() {
     let (_s, client, locker) = setup().await;
-    let _: i64 = client.rpush("{waitlock:listy}", "x").await.expect("RPUSH");
+    let _: i64 = client.rpush(&lock_key("listy"), "x").await.expect("RPUSH");
     match locker.acquire("listy", &LockOptions::new()).await {
         Err(Error::WrongType { key, .. }) => assert_eq!(key, "listy"),
         other => panic!("expected WrongType, got {other:?}"),
     }
-    let len: i64 = client.llen("{waitlock:listy}").await.expect("LLEN");
+    let len: i64 = client.llen(&lock_key("listy")).await.expect("LLEN");
     assert_eq!(len, 1, "the list must be left alone");
 }
 
@@ -399,7 +349,7 @@ async fn a_dropped_guard_frees_the_lock() {
         .expect("acquire");
     drop(g);
     locker.idle().await;
-    assert_eq!(raw_get(&client, "{waitlock:dropped}").await, None);
+    assert_eq!(raw_get(&client, &lock_key("dropped")).await, None);
     locker
         .acquire("dropped", &LockOptions::new())
         .await
@@ -423,7 +373,7 @@ async fn a_dropped_acquire_leaves_no_lock() {
     }
     locker.idle().await;
     assert_eq!(
-        raw_get(&client, "{waitlock:cancelled}").await,
+        raw_get(&client, &lock_key("cancelled")).await,
         None,
         "a cancelled acquire left a lock"
     );
@@ -497,7 +447,7 @@ async fn stats_count_outcomes_waits_and_losses() {
     g.release().await.expect("release");
     let mut g = waiter.await.expect("task").expect("acquire_wait");
     let lost = g.keep_alive();
-    let _: i64 = client.del("{waitlock:counted}").await.expect("DEL");
+    let _: i64 = client.del(&lock_key("counted")).await.expect("DEL");
     g.extend(Duration::from_secs(5))
         .await
         .expect_err("not held");

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{
-    eventually, hold_keys, lock_channels, pubsub_connections, tight, RedisServer, Seeded,
+    eventually, hold_keys, lock_channels, lock_key, pubsub_connections, tight, RedisServer, Seeded,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -148,7 +148,7 @@ async fn dropped_waiters_leave_no_registry_entry_and_no_subscription(server: Red
     assert_eq!(lock_channels(&admin).await, 0);
     locker.idle().await;
     let free: Option<String> = admin
-        .get::<Option<String>, _>("{waitlock:sweep-10}")
+        .get::<Option<String>, _>(&lock_key("sweep-10"))
         .await
         .expect("GET");
     assert_eq!(free, None, "a dropped waiter left the free key locked");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{tight, RedisServer};
+use common::{lock_key, tight, RedisServer};
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
@@ -28,10 +28,7 @@ async fn setup() -> (RedisServer, Client, Locker) {
 }
 
 async fn is_free(client: &Client, key: &str) -> bool {
-    let v: Option<String> = client
-        .get(format!("{{waitlock:{key}}}"))
-        .await
-        .expect("GET");
+    let v: Option<String> = client.get(lock_key(key)).await.expect("GET");
     v.is_none()
 }
 
@@ -74,7 +71,7 @@ async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
             let client = client.clone();
             async move {
                 ctx.lost.cancelled().await;
-                let pttl: i64 = client.pttl("{waitlock:norefresh}").await.expect("PTTL");
+                let pttl: i64 = client.pttl(&lock_key("norefresh")).await.expect("PTTL");
                 assert!(
                     pttl > 0,
                     "the token fired after Redis let the lock go (PTTL {pttl})"
@@ -103,7 +100,7 @@ async fn a_lock_deleted_behind_the_holder_cancels_within_one_refresh_interval() 
             let client = client.clone();
             async move {
                 let _: () = client
-                    .set("{waitlock:stolen}", "thief", None, None, false)
+                    .set(&lock_key("stolen"), "thief", None, None, false)
                     .await
                     .expect("SET");
                 let deleted = Instant::now();
@@ -128,7 +125,7 @@ async fn a_lock_deleted_behind_the_holder_cancels_within_one_refresh_interval() 
         ),
         "{r:?}"
     );
-    let v: Option<String> = client.get("{waitlock:stolen}").await.expect("GET");
+    let v: Option<String> = client.get(&lock_key("stolen")).await.expect("GET");
     assert_eq!(
         v.as_deref(),
         Some("thief"),

@@ -6,12 +6,14 @@
 
 mod common;
 
-use common::RedisServer;
+use common::{fence_key, lock_key, procs_key, queue_key, RedisServer};
 use std::time::Duration;
 use waitlock::fred::prelude::*;
 use waitlock::fred::types::CustomCommand;
 use waitlock::scripts;
 
+// The names of the lock on key "k", as constants for the tables below (checked against the
+// shared helpers by `the_table_names_are_the_librarys`).
 const L: &str = "{waitlock:k}";
 const F: &str = "{waitlock:k}:fence";
 const Q: &str = "{waitlock:k}:q";
@@ -704,4 +706,17 @@ async fn a_foreign_fence_key_leaves_no_lock() {
     assert!(e.details().contains("WRONGTYPE"), "{e}");
     let v: Option<String> = c.get(L).await.expect("GET");
     assert_eq!(v, None, "a lock was left behind");
+}
+
+#[test]
+fn the_table_names_are_the_librarys() {
+    assert_eq!(
+        [L, F, Q, P].map(str::to_owned),
+        [
+            lock_key("k"),
+            fence_key("k"),
+            queue_key("k"),
+            procs_key("k")
+        ]
+    );
 }

@@ -321,9 +321,25 @@ pub async fn pubsub_connections(client: &Client) -> usize {
         .count()
 }
 
-/// The Redis name of the lock on `key` (default prefix).
+/// The Redis name of the lock on `key` (default prefix); every test names Redis keys through
+/// these four, never by hand.
 pub fn lock_key(key: &str) -> String {
-    format!("{{waitlock:{key}}}")
+    format!("{{{}{key}}}", waitlock::DEFAULT_PREFIX)
+}
+
+/// The Redis name of `key`'s fence counter.
+pub fn fence_key(key: &str) -> String {
+    format!("{}:fence", lock_key(key))
+}
+
+/// The Redis name of `key`'s waiter queue.
+pub fn queue_key(key: &str) -> String {
+    format!("{}:q", lock_key(key))
+}
+
+/// The Redis name of the hash of `key`'s waiting processes.
+pub fn procs_key(key: &str) -> String {
+    format!("{}:p", lock_key(key))
 }
 
 /// How many processes (subscriber connections) listen for grants on `key` now: its grant
@@ -337,12 +353,7 @@ pub async fn listeners(client: &Client, key: &str) -> usize {
 
 /// How many waiters the Redis queue of `key` holds.
 pub async fn queued(client: &Client, key: &str) -> i64 {
-    cmd(
-        client,
-        "ZCARD",
-        vec![Value::from(format!("{}:q", lock_key(key)))],
-    )
-    .await
+    cmd(client, "ZCARD", vec![Value::from(queue_key(key))]).await
 }
 
 /// Waits until `cond` holds, checking every millisecond, failing after `limit`.
