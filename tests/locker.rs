@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{cmd, fence_key, lock_key, tight, RedisServer};
+use common::{fence_key, lock_key, tight, RedisServer};
 use std::sync::Arc;
 use std::time::Duration;
 use waitlock::fred::prelude::*;

@@ -196,3 +196,113 @@ impl Refresher {
         }
     }
 }
+
+/// The lease rules and the refresher's deadline on a paused clock, without Redis.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_margin_is_one_percent_plus_two_ms() {
+        assert_eq!(margin(MS * 1000), MS * 12);
+        assert_eq!(margin(MS * 30_000), MS * 302);
+        assert_eq!(margin(MS), Duration::from_micros(2010));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn validity_counts_from_the_send_and_never_goes_back() {
+        let t0 = Instant::now();
+        let ttl = MS * 1000;
+        let hold = Hold::sent(7, t0, ttl);
+        assert_eq!(hold.valid_until, t0 + MS * 988);
+        // A lease shorter than its margin is no lease at all.
+        assert_eq!(validity_deadline(t0, MS), t0);
+        let lease = Lease::new(ttl, &hold);
+        tokio::time::advance(MS * 500).await;
+        lease.renewed(Instant::now(), ttl);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        assert_eq!(lease.lock().since, t0 + MS * 500);
+        // A reply that arrives late for an older refresh moves nothing back.
+        lease.renewed(t0 + MS * 100, ttl);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        assert_eq!(lease.lock().since, t0 + MS * 500);
+        // Nor does a shorter TTL set by `extend`.
+        lease.renewed(Instant::now(), MS * 100);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        // The next refresh is due `ratio` of the TTL after the last one; none with refresh off.
+        assert_eq!(lease.next_refresh(0.0), None);
+        assert_eq!(lease.next_refresh(0.5), Some(t0 + MS * 550));
+        // Once lost, a lease is never renewed again, and the first reason stays.
+        lease.mark_lost(LossReason::TokenGone);
+        lease.mark_lost(LossReason::Unreachable);
+        lease.renewed(Instant::now() + MS * 1000, ttl);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        assert_eq!(lease.lock().lost, Some(LossReason::TokenGone));
+    }
+
+    fn refresher(ratio: f64, hold: &Hold) -> (Refresher, Arc<Lease>, CancellationToken) {
+        let lease = Arc::new(Lease::new(MS * 1000, hold));
+        let lost = CancellationToken::new();
+        let r = Refresher {
+            engine: Weak::new(),
+            names: Names::new("waitlock:", "k").expect("valid key"),
+            token: "t".into(),
+            lease: Arc::clone(&lease),
+            hub: String::new(),
+            ratio,
+            stop: CancellationToken::new(),
+            lost: lost.clone(),
+        };
+        (r, lease, lost)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_refresh_off_the_token_fires_at_the_validity_deadline_exactly() {
+        let hold = Hold::sent(1, Instant::now(), MS * 1000);
+        let (r, lease, lost) = refresher(0.0, &hold);
+        let task = tokio::spawn(r.run());
+        lost.cancelled().await;
+        assert_eq!(Instant::now(), hold.valid_until, "not a tick early or late");
+        assert_eq!(lease.lock().lost, Some(LossReason::TtlElapsed));
+        task.await.expect("the refresher ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extend_meanwhile_moves_the_deadline() {
+        let t0 = Instant::now();
+        let hold = Hold::sent(1, t0, MS * 1000);
+        let (r, lease, lost) = refresher(0.0, &hold);
+        let task = tokio::spawn(r.run());
+        tokio::time::advance(MS * 900).await;
+        lease.renewed(Instant::now(), MS * 1000);
+        lost.cancelled().await;
+        assert_eq!(Instant::now(), t0 + MS * 1888);
+        task.await.expect("the refresher ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresher_whose_locker_is_gone_stops_without_judging_the_lock() {
+        let hold = Hold::sent(1, Instant::now(), MS * 1000);
+        let (r, lease, lost) = refresher(0.5, &hold);
+        // Due at 500 ms; the locker (the Weak) is gone, so it ends there, and says nothing.
+        tokio::spawn(r.run()).await.expect("the refresher ends");
+        assert!(!lost.is_cancelled());
+        assert_eq!(lease.lock().lost, None);
+        assert!(Instant::now() < hold.valid_until);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_ends_the_refresher_at_once() {
+        let hold = Hold::sent(1, Instant::now(), MS * 1000);
+        let (r, _lease, lost) = refresher(0.0, &hold);
+        let stop = r.stop.clone();
+        let t = Instant::now();
+        let task = tokio::spawn(r.run());
+        stop.cancel();
+        task.await.expect("the refresher ends");
+        assert_eq!(Instant::now(), t);
+        assert!(!lost.is_cancelled());
+    }
+}

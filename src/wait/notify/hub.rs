@@ -126,6 +126,95 @@ struct Entry {
 /// How long a key's subscription outlives its last waiter.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// The waiters of this process by grant channel: plain data, no I/O, so its rules (one
+/// subscription per channel however many waiters, a channel kept while it has waiters or
+/// lingers, a token at most once per channel) are tested without Redis.
+#[derive(Default)]
+struct Registry {
+    map: HashMap<String, Entry>,
+}
+
+impl Registry {
+    /// Joins `token`'s `cell` to `channel`'s waiters. Returns its slot, and whether the channel
+    /// is new (it must be subscribed).
+    fn join(
+        &mut self,
+        key: &str,
+        channel: &str,
+        token: &Arc<str>,
+        cell: &Arc<Cell>,
+    ) -> Result<(Arc<Slot>, bool)> {
+        let mut new = false;
+        let entry = self.map.entry(channel.to_owned()).or_insert_with(|| {
+            new = true;
+            Entry {
+                slot: Arc::new(Slot {
+                    sub: AtomicU8::new(SubState::Pending as u8),
+                    channel: channel.to_owned(),
+                }),
+                waiters: HashMap::new(),
+                idle_since: None,
+            }
+        });
+        if entry.waiters.contains_key(token) {
+            return Err(Error::InvalidOptions {
+                key: key.to_owned(),
+                field: "token",
+                value: format!("<{} bytes>", token.len()),
+                reason: "another waiter of this locker waits on this key with the same token",
+            });
+        }
+        entry.idle_since = None;
+        entry.waiters.insert(Arc::clone(token), Arc::clone(cell));
+        Ok((Arc::clone(&entry.slot), new))
+    }
+
+    /// `token` leaves `channel`; the channel lingers from `now` when it was the last.
+    fn leave(&mut self, channel: &str, token: &str, now: tokio::time::Instant) {
+        if let Some(e) = self.map.get_mut(channel) {
+            e.waiters.remove(token);
+            if e.waiters.is_empty() && e.idle_since.is_none() {
+                e.idle_since = Some(now);
+            }
+        }
+    }
+
+    /// Removes and returns the channels nobody has waited on for `LINGER` (every idle one
+    /// with `all`).
+    fn take_idle(&mut self, now: tokio::time::Instant, all: bool) -> Vec<String> {
+        let idle: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, e)| {
+                e.waiters.is_empty()
+                    && e.idle_since
+                        .is_some_and(|t| all || now.saturating_duration_since(t) >= LINGER)
+            })
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in &idle {
+            self.map.remove(channel);
+        }
+        idle
+    }
+
+    /// Channels with waiters, and waiters.
+    fn size(&self) -> (usize, usize) {
+        let waiting = self.map.values().filter(|e| !e.waiters.is_empty());
+        (
+            waiting.clone().count(),
+            waiting.map(|e| e.waiters.len()).sum(),
+        )
+    }
+
+    /// Whether `channel` has waiters, or a confirmed subscription that lingers.
+    fn listening(&self, channel: &str) -> bool {
+        self.map
+            .get(channel)
+            .is_some_and(|e| !e.waiters.is_empty() || e.slot.state() == SubState::Confirmed)
+    }
+}
+
 pub(crate) struct Hub {
     /// This process's id in queue members and grant channels.
     pub(crate) id: String,
@@ -134,7 +223,7 @@ pub(crate) struct Hub {
     engine: Weak<Engine>,
     pub(crate) mode: Mode,
     pub(crate) subscriber: SubscriberClient,
-    registry: Mutex<HashMap<String, Entry>>,
+    registry: Mutex<Registry>,
     dirty: Mutex<Vec<String>>,
     manager_wake: Arc<Notify>,
     /// Changes requested so far, and changes the manager has applied.
@@ -189,37 +278,19 @@ impl Hub {
 
     /// Keys with waiters, and waiters, in this process.
     pub(crate) fn size(&self) -> (usize, usize) {
-        let reg = lock(&self.registry);
-        let waiting = reg.values().filter(|e| !e.waiters.is_empty());
-        (
-            waiting.clone().count(),
-            waiting.map(|e| e.waiters.len()).sum(),
-        )
+        lock(&self.registry).size()
     }
 
     /// Whether this process listens on `channel` already (its waiters wait there, or did a
     /// moment ago): a new waiter then queues at once.
     pub(crate) fn listening(&self, channel: &str) -> bool {
-        lock(&self.registry)
-            .get(channel)
-            .is_some_and(|e| !e.waiters.is_empty() || e.slot.state() == SubState::Confirmed)
+        lock(&self.registry).listening(channel)
     }
 
     /// Drops the subscriptions nobody has waited on for `LINGER` (all of them with `all`).
     fn prune(&self, all: bool) {
-        let now = tokio::time::Instant::now();
-        let mut reg = lock(&self.registry);
-        let idle: Vec<String> = reg
-            .iter()
-            .filter(|(_, e)| {
-                e.waiters.is_empty()
-                    && e.idle_since
-                        .is_some_and(|t| all || now.saturating_duration_since(t) >= LINGER)
-            })
-            .map(|(c, _)| c.clone())
-            .collect();
+        let idle = lock(&self.registry).take_idle(tokio::time::Instant::now(), all);
         for channel in idle {
-            reg.remove(&channel);
             self.mark_dirty(channel);
         }
     }
@@ -233,31 +304,10 @@ impl Hub {
     ) -> Result<Registration> {
         let cell = Arc::new(Cell::new());
         let token: Arc<str> = Arc::from(token);
-        let slot = {
-            let mut reg = lock(&self.registry);
-            let entry = reg.entry(channel.to_owned()).or_insert_with(|| {
-                self.mark_dirty(channel.to_owned());
-                Entry {
-                    slot: Arc::new(Slot {
-                        sub: AtomicU8::new(SubState::Pending as u8),
-                        channel: channel.to_owned(),
-                    }),
-                    waiters: HashMap::new(),
-                    idle_since: None,
-                }
-            });
-            entry.idle_since = None;
-            if entry.waiters.contains_key(&token) {
-                return Err(Error::InvalidOptions {
-                    key: key.to_owned(),
-                    field: "token",
-                    value: format!("<{} bytes>", token.len()),
-                    reason: "another waiter of this locker waits on this key with the same token",
-                });
-            }
-            entry.waiters.insert(Arc::clone(&token), Arc::clone(&cell));
-            Arc::clone(&entry.slot)
-        };
+        let (slot, new) = lock(&self.registry).join(key, channel, &token, &cell)?;
+        if new {
+            self.mark_dirty(channel.to_owned());
+        }
         Ok(Registration {
             hub: Arc::clone(self),
             token,
@@ -267,13 +317,7 @@ impl Hub {
     }
 
     fn leave(&self, channel: &str, token: &str) {
-        let mut reg = lock(&self.registry);
-        if let Some(e) = reg.get_mut(channel) {
-            e.waiters.remove(token);
-            if e.waiters.is_empty() {
-                e.idle_since = Some(tokio::time::Instant::now());
-            }
-        }
+        lock(&self.registry).leave(channel, token, tokio::time::Instant::now());
     }
 
     fn mark_dirty(&self, channel: String) {
@@ -313,6 +357,7 @@ impl Hub {
             Message::Grant { token, .. } | Message::Watch { token, .. } => token,
         };
         let cell = lock(&self.registry)
+            .map
             .get(channel)
             .and_then(|e| e.waiters.get(token).cloned());
         match (message, cell) {
@@ -350,6 +395,7 @@ impl Hub {
 
     fn cells(&self) -> Vec<Arc<Cell>> {
         lock(&self.registry)
+            .map
             .values()
             .flat_map(|e| e.waiters.values().cloned())
             .collect()
@@ -358,6 +404,7 @@ impl Hub {
     /// Wakes every waiter of `channel` in this process.
     pub(crate) fn wake_channel(&self, channel: &str, reason: WakeReason) {
         let cells: Vec<Arc<Cell>> = lock(&self.registry)
+            .map
             .get(channel)
             .map(|e| e.waiters.values().cloned().collect())
             .unwrap_or_default();
@@ -394,10 +441,10 @@ impl Hub {
         self.connection_epoch.fetch_add(1, Ordering::SeqCst);
         let channels: Vec<String> = {
             let reg = lock(&self.registry);
-            for e in reg.values() {
+            for e in reg.map.values() {
                 e.slot.set(SubState::Pending);
             }
-            reg.keys().cloned().collect()
+            reg.map.keys().cloned().collect()
         };
         tracing::debug!(
             channels = channels.len(),
@@ -526,7 +573,7 @@ impl Hub {
         {
             let reg = lock(&self.registry);
             for ch in channels.iter() {
-                match reg.get(ch) {
+                match reg.map.get(ch) {
                     Some(e) => subs.push((ch.clone(), Arc::clone(&e.slot))),
                     None => unsubs.push(ch.clone()),
                 }
@@ -618,6 +665,7 @@ impl Hub {
     /// confirms. One call per primary.
     async fn audit(&self) {
         let confirmed: Vec<Arc<Slot>> = lock(&self.registry)
+            .map
             .values()
             .filter(|e| e.slot.state() == SubState::Confirmed)
             .map(|e| Arc::clone(&e.slot))
@@ -804,5 +852,91 @@ async fn dispatch(hub: Weak<Hub>, events: Events) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    fn waiter(reg: &mut Registry, channel: &str, token: &str) -> Result<(Arc<Slot>, bool)> {
+        reg.join("k", channel, &Arc::from(token), &Arc::new(Cell::new()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_subscription_per_channel_however_many_waiters() {
+        let mut reg = Registry::default();
+        let (a, new_a) = waiter(&mut reg, "c", "t1").expect("join");
+        let (b, new_b) = waiter(&mut reg, "c", "t2").expect("join");
+        assert!(new_a && !new_b, "only the first waiter subscribes");
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the waiters of a channel share its slot"
+        );
+        assert_eq!(reg.size(), (1, 2));
+        let (_, new_d) = waiter(&mut reg, "d", "t1").expect("the same token on another key");
+        assert!(new_d);
+        assert_eq!(reg.size(), (2, 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_waits_at_most_once_per_channel() {
+        let mut reg = Registry::default();
+        waiter(&mut reg, "c", "t").expect("join");
+        let e = waiter(&mut reg, "c", "t").err().expect("refused");
+        assert!(
+            matches!(e, Error::InvalidOptions { field: "token", .. }),
+            "{e:?}"
+        );
+        assert_eq!(reg.size(), (1, 1), "the refusal changed nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_lingers_after_its_last_waiter_then_goes() {
+        let mut reg = Registry::default();
+        waiter(&mut reg, "c", "t1").expect("join");
+        waiter(&mut reg, "c", "t2").expect("join");
+        reg.leave("c", "t1", Instant::now());
+        assert!(reg.listening("c"), "one waiter is left");
+        assert!(reg.take_idle(Instant::now(), false).is_empty());
+        reg.leave("c", "t2", Instant::now());
+        assert_eq!(reg.size(), (0, 0));
+        // Pending, no waiter: a new waiter must not queue before Redis confirms again.
+        assert!(!reg.listening("c"));
+        tokio::time::advance(LINGER - Duration::from_millis(1)).await;
+        assert!(
+            reg.take_idle(Instant::now(), false).is_empty(),
+            "kept within the linger"
+        );
+        // A waiter that comes back within the linger reuses the subscription.
+        let (_, new) = waiter(&mut reg, "c", "t3").expect("join");
+        assert!(!new, "no second SUBSCRIBE within the linger");
+        reg.leave("c", "t3", Instant::now());
+        tokio::time::advance(LINGER).await;
+        assert_eq!(reg.take_idle(Instant::now(), false), vec!["c".to_owned()]);
+        let (_, new) = waiter(&mut reg, "c", "t4").expect("join");
+        assert!(new, "after the linger the channel is subscribed again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_confirmed_lingering_channel_still_listens_and_settling_drops_it() {
+        let mut reg = Registry::default();
+        let (slot, _) = waiter(&mut reg, "c", "t").expect("join");
+        slot.set(SubState::Confirmed);
+        reg.leave("c", "t", Instant::now());
+        assert!(reg.listening("c"), "a confirmed subscription lingers");
+        // Leaving twice, or a token that never joined, does not restart the linger.
+        tokio::time::advance(LINGER / 2).await;
+        reg.leave("c", "t", Instant::now());
+        reg.leave("c", "never", Instant::now());
+        tokio::time::advance(LINGER / 2).await;
+        assert_eq!(reg.take_idle(Instant::now(), false), vec!["c".to_owned()]);
+        // `all` (settling) drops every idle channel at once, and only idle ones.
+        waiter(&mut reg, "d", "t").expect("join");
+        waiter(&mut reg, "e", "t").expect("join");
+        reg.leave("e", "t", Instant::now());
+        assert_eq!(reg.take_idle(Instant::now(), true), vec!["e".to_owned()]);
+        assert_eq!(reg.size(), (1, 1));
     }
 }
