@@ -61,6 +61,10 @@ enum Check {
     /// Messages published on the listeners' grant channels, in order, by prefix
     /// (`"<hub>: <text>"`).
     Messages(&'static [&'static str]),
+    /// The member a watcher field (`!w1`, `!w2`) of `{pk}:p` names (`None`: no watcher).
+    Watcher(&'static str, Option<&'static str>),
+    /// The fence counter's PTTL in ms is within this range.
+    FencePttl(u64, u64),
 }
 
 struct Row {
@@ -300,7 +304,7 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, Some("qw1")), Queue(&[M_LIVE2]), Messages(&[])],
         },
         Row {
-            name: "a short grant lapsed: its process is marked x and its waiters skipped",
+            name: "a short grant lapsed: its process is marked x, its waiters skipped and told (d2)",
             setup: &[
                 "SET {F} 100_q_aaaaaaaaaaaa PX 60000",
                 "ZADD {Q} 1 aaaaaaaaaaaa_20000_w2",
@@ -315,7 +319,8 @@ fn rows() -> Vec<Row> {
                 Get(L, Some("hx1")),
                 Queue(&[]),
                 Process(LIVE, Some("x")),
-                Messages(&["bbbbbbbbbbbb: g2 "]),
+                Process("!h", Some(LIVE2)),
+                Messages(&["aaaaaaaaaaaa: d2", "bbbbbbbbbbbb: g2 "]),
             ],
         },
         Row {
@@ -356,7 +361,7 @@ fn rows() -> Vec<Row> {
                 ttl: 20_000,
                 ..args("w1")
             },
-            reply: "[1, 100]",
+            reply: "[3, 100]",
             checks: &[Get(L, Some("qw1")), Pttl(19_900, 20_000), Get(F, Some("100 q"))],
         },
         Row {
@@ -370,19 +375,27 @@ fn rows() -> Vec<Row> {
             ],
             script: scripts::EXTEND,
             call: args("T"),
-            reply: "[1]",
+            reply: "[1, 100]",
             checks: &[
                 Pttl(9_900, 10_000),
                 Messages(&["bbbbbbbbbbbb: w2 10000 x1"]),
             ],
         },
         Row {
-            name: "extend a confirmed hold: the TTL again",
+            name: "extend a confirmed hold: the TTL again, and the fence of the hold",
+            setup: &["SET {L} pT PX 500", "SET {F} 100 PX 500"],
+            script: scripts::EXTEND,
+            call: args("T"),
+            reply: "[1, 100]",
+            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), FencePttl(3_599_000, 3_600_000)],
+        },
+        Row {
+            name: "extend a hold whose fence counter outlived its retention: extended, no fence",
             setup: &["SET {L} pT PX 500"],
             script: scripts::EXTEND,
             call: args("T"),
             reply: "[1]",
-            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000)],
+            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), Get(F, None)],
         },
         Row {
             name: "extend by another token: not held",
@@ -397,7 +410,7 @@ fn rows() -> Vec<Row> {
             setup: &["SET {L} gw1 PX 500"],
             script: scripts::EXTEND,
             call: args("w1"),
-            reply: "[1, _]",
+            reply: "[3, _]",
             checks: &[FenceNow(""), Get(L, Some("qw1"))],
         },
         Row {
@@ -484,6 +497,146 @@ fn rows() -> Vec<Row> {
             },
             reply: "[0]",
             checks: &[Queue(&[M_LIVE2]), Messages(&["bbbbbbbbbbbb: w2 "])],
+        },
+        Row {
+            name: "a lapsed process nobody listens for is not told",
+            setup: &[
+                "SET {F} 100_q_dddddddddddd PX 60000",
+                "ZADD {Q} 1 dddddddddddd_20000_z1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} dddddddddddd {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::ACQUIRE,
+            call: args("T"),
+            reply: "[2, 30000, 0]",
+            checks: &[Process(DEAD, Some("x")), Messages(&["bbbbbbbbbbbb: g2 "])],
+        },
+        Row {
+            name: "watchers stay in two processes: a second waiter of the watcher's process is not one",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} !w1 {soon}_aaaaaaaaaaaa_20000_w1",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE_B,
+                hub: LIVE,
+                ..args("w2")
+            },
+            reply: "[2, _, 1, 1, 100, 0, _]",
+            checks: &[Watcher("!w2", None), Queue(&[M_LIVE, M_LIVE_B])],
+        },
+        Row {
+            name: "a waiter of another process takes the free watcher field",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} !w1 {soon}_aaaaaaaaaaaa_20000_w1",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE2,
+                hub: LIVE2,
+                ..args("x1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _]",
+            checks: &[Watcher("!w2", Some(M_LIVE2))],
+        },
+        Row {
+            name: "a newcomer replaces a watcher of the holder's process (it would fail with it)",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 dddddddddddd_20000_z1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} dddddddddddd {now}",
+                "HSET {P} !h aaaaaaaaaaaa",
+                "HSET {P} !w1 {soon}_aaaaaaaaaaaa_20000_w1",
+                "HSET {P} !w2 {soon}_dddddddddddd_20000_z1",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE2,
+                hub: LIVE2,
+                ..args("x1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _]",
+            checks: &[
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some(M_DEAD)),
+            ],
+        },
+        Row {
+            name: "a queued attempt that takes a free lock records its process as the holder's",
+            setup: &[
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[0, 10000, _]",
+            checks: &[
+                Get(L, Some("qw1")),
+                Queue(&[M_LIVE2]),
+                Process("!h", Some(LIVE)),
+            ],
+        },
+        Row {
+            name: "a release after the lease ran out, waiters queued: served anyway, not held",
+            setup: &[
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+            ],
+            script: scripts::RELEASE,
+            call: args("T"),
+            reply: "[0]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Queue(&[]),
+                Messages(&["aaaaaaaaaaaa: g2 "]),
+            ],
+        },
+        Row {
+            name: "a release after the lease ran out, only dead waiters: all cleared, not held",
+            setup: &[
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 dddddddddddd_20000_z1",
+            ],
+            script: scripts::RELEASE,
+            call: args("T"),
+            reply: "[0]",
+            checks: &[Get(L, None), Queue(&[]), Get(F, Some("100"))],
+        },
+        Row {
+            name: "a release after the lease ran out behind 200 dead waiters: continue, not held",
+            setup: &["SET {F} 100_q PX 60000", "{queue:201}"],
+            script: scripts::RELEASE,
+            call: args("T"),
+            reply: "[0, 4]",
+            checks: &[Get(L, Some("qT")), Pttl(1, 500)],
+        },
+        Row {
+            name: "a release onto a free lock nobody waits for: not held, nothing changes",
+            setup: &["SET {F} 100 PX 60000"],
+            script: scripts::RELEASE,
+            call: args("T"),
+            reply: "[0]",
+            checks: &[Get(L, None), Get(F, Some("100"))],
         },
         Row {
             name: "status: held by a short grant, its fence and queue",
@@ -671,6 +824,25 @@ async fn every_transition_of_every_script() {
                         }
                         other => assert_eq!(v.as_deref(), *other, "{}: process {hub}", row.name),
                     }
+                }
+                Check::Watcher(field, want) => {
+                    let v: Option<String> = c
+                        .custom(
+                            CustomCommand::new_static("HGET", None, false),
+                            vec![P, *field],
+                        )
+                        .await
+                        .expect("HGET");
+                    let member = v.as_deref().and_then(|v| v.split_once(' ')).map(|(_, m)| m);
+                    assert_eq!(member, *want, "{}: watcher {field} ({v:?})", row.name);
+                }
+                Check::FencePttl(lo, hi) => {
+                    let t: i64 = c.pttl(F).await.expect("PTTL");
+                    assert!(
+                        (*lo as i64..=*hi as i64).contains(&t),
+                        "{}: fence PTTL {t}, not in {lo}..={hi}",
+                        row.name
+                    );
                 }
                 Check::Messages(want) => {
                     assert_eq!(seen.len(), want.len(), "{}: messages {seen:?}", row.name);

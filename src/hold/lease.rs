@@ -173,7 +173,7 @@ impl Refresher {
             };
             drop(engine);
             match result {
-                Ok(Extended::Renewed | Extended::Confirmed { .. }) => {
+                Ok(Extended::Renewed { .. } | Extended::Confirmed { .. }) => {
                     tracing::debug!(key = %self.names.key, "refreshed");
                     self.lease.renewed(sent_at, ttl);
                     retry_at = None;

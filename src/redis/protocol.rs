@@ -37,6 +37,9 @@ pub(crate) enum Message<'a> {
     /// `token` is the first waiter to watch the lock: its holder's lease ends in `px` (0: the
     /// lock is free, look now). `"w2 <px ms> <token>"`.
     Watch { px: Duration, token: &'a str },
+    /// A queue scan dropped this process's waiters (a short grant to it lapsed: it was judged
+    /// frozen or gone): they look again, and queue again. `"d2"`.
+    Dropped,
 }
 
 /// What a grant gave: the fence of the new hold, the lease Redis set, and when (Redis' clock).
@@ -58,6 +61,9 @@ pub(crate) struct Lease {
 impl<'a> Message<'a> {
     /// Parses a message; `None` for anything else (a malformed or unknown one is ignored).
     pub(crate) fn parse(text: &'a str) -> Option<Message<'a>> {
+        if text == "d2" {
+            return Some(Message::Dropped);
+        }
         let (tag, rest) = text.split_once(' ')?;
         match tag {
             "g2" => {
@@ -129,7 +135,7 @@ pub(crate) mod reply {
     pub(crate) const HELD_BY_CALLER: i64 = 1;
     /// acquire: another token holds it (the caller may be queued now).
     pub(crate) const HELD: i64 = 2;
-    /// acquire: a short grant to this token, confirmed by this call.
+    /// acquire, extend: a short grant to this token, confirmed by this call.
     pub(crate) const GRANT_CONFIRMED: i64 = 3;
     /// acquire, release, leave: departed waiters dropped and more to look at; the lock is the
     /// caller's (for the claim window) only to pass on: call release again.
@@ -137,7 +143,7 @@ pub(crate) mod reply {
     /// release: not held by the token, nothing changed. extend: not held. leave: nothing given
     /// back.
     pub(crate) const NOT_HELD: i64 = 0;
-    /// release: deleted (nobody waited). extend: extended.
+    /// release: deleted (nobody waited). extend: extended (with the fence).
     pub(crate) const DONE: i64 = 1;
     /// release, leave: handed to a waiter (or, leave, given back).
     pub(crate) const HANDED_OVER: i64 = 2;
@@ -191,8 +197,10 @@ mod tests {
                 token: "t"
             })
         );
+        assert_eq!(Message::parse("d2"), Some(Message::Dropped));
         for bad in [
             "",
+            "d2 x",
             "g2",
             "g2 x 1 2 t",
             "g2 1 2 t",

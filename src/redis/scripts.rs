@@ -70,8 +70,9 @@ pub(crate) struct Queued {
 pub(crate) enum Extended {
     /// The token does not hold the lock.
     NotHeld,
-    /// The TTL is set again.
-    Renewed,
+    /// The TTL is set again; the fence of the hold as Redis has it (`None` only when the
+    /// fence counter outlived its retention).
+    Renewed { fence: Option<u64> },
     /// A short grant to the token is confirmed (full TTL); the fence of the hold.
     Confirmed { fence: u64 },
 }
@@ -366,8 +367,11 @@ impl Engine {
             .await?;
         let extended = match reply.as_slice() {
             [reply::NOT_HELD] => return Ok(Extended::NotHeld),
-            [reply::DONE] => Extended::Renewed,
-            [reply::DONE, fence] => Extended::Confirmed {
+            [reply::DONE] => Extended::Renewed { fence: None },
+            [reply::DONE, fence] => Extended::Renewed {
+                fence: Some(*fence as u64),
+            },
+            [reply::GRANT_CONFIRMED, fence] => Extended::Confirmed {
                 fence: *fence as u64,
             },
             other => return Err(unexpected(c.names, Op::Extend, other)),
@@ -441,17 +445,26 @@ impl Engine {
             ..Call::new(names, token)
         };
         let deadline = Instant::now() + limit;
+        // The lock was found free (the lease ran out) with waiters queued: the release serves
+        // them, and still did not find its own lock.
+        let mut late = false;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let reply = self
                 .eval(client, &self.scripts.release, &c, left, how)
                 .await?;
-            return Ok(match reply.first().copied() {
-                Some(reply::DONE) => Released::Deleted,
-                Some(reply::HANDED_OVER) => Released::HandedOver,
-                Some(reply::CONTINUE) => continue,
+            let released = match reply.as_slice() {
+                [reply::NOT_HELD, reply::CONTINUE] => {
+                    late = true;
+                    continue;
+                }
+                [reply::CONTINUE] => continue,
+                _ if late => Released::NotHeld,
+                [reply::DONE] => Released::Deleted,
+                [reply::HANDED_OVER] => Released::HandedOver,
                 _ => Released::NotHeld,
-            });
+            };
+            return Ok(released);
         }
     }
 

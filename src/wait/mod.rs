@@ -100,13 +100,15 @@ impl Request {
     /// margin): a shorter one (a lock found held by our token since earlier) is extended first,
     /// one round trip. With required replicas, the lease counts only once enough replicas
     /// acknowledged a write of ours (the grant was written by another client): then it is
-    /// always extended and waited for. `None`: the token no longer holds the lock.
+    /// always extended and waited for (within `limit`). `None`: the token no longer holds the
+    /// lock.
     pub(crate) async fn full_lease(
         &self,
         engine: &Arc<Engine>,
         client: &Client,
         hold: Hold,
         written_by_us: bool,
+        limit: Duration,
     ) -> Result<Option<LockGuard>> {
         let ttl = self.plan.ttl();
         let enough = Instant::now() + ttl.saturating_sub(margin(ttl) * 2);
@@ -125,15 +127,14 @@ impl Request {
             ..Call::new(&self.names, &self.token)
         };
         let sent_at = Instant::now();
-        match engine
-            .extend_on(client, &call, engine.command_timeout)
-            .await
-        {
+        match engine.extend_on(client, &call, limit).await {
             Ok(Extended::NotHeld) => Ok(None),
-            Ok(Extended::Renewed) => Ok(Some(
-                self.guard(engine, Hold::sent(hold.fence, sent_at, ttl)),
-            )),
-            // The fence of the hold, as Redis has it now.
+            // The fence of the hold as Redis has it now: the copy in hand (a grant message's,
+            // an attempt's) may be older, if the token was handed the lock again since.
+            Ok(Extended::Renewed { fence }) => Ok(Some(self.guard(
+                engine,
+                Hold::sent(fence.unwrap_or(hold.fence), sent_at, ttl),
+            ))),
             Ok(Extended::Confirmed { fence }) => {
                 Ok(Some(self.guard(engine, Hold::sent(fence, sent_at, ttl))))
             }
@@ -204,7 +205,7 @@ impl Waiting {
     }
 
     /// The time limit of an attempt sent at `now`, and whether the wait deadline cut it.
-    fn limit(&self, command_timeout: Duration, now: Instant) -> (Duration, bool) {
+    pub(crate) fn limit(&self, command_timeout: Duration, now: Instant) -> (Duration, bool) {
         if self.wait.is_zero() {
             return (command_timeout, false);
         }
@@ -286,7 +287,7 @@ impl Waiting {
             }
             Err(e) => return self.failed(e, cut),
         };
-        match req.full_lease(engine, client, hold, true).await {
+        match req.full_lease(engine, client, hold, true, limit).await {
             Ok(Some(g)) => {
                 residue.armed = false;
                 Ok(Step::Won(g))

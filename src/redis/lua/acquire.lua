@@ -29,6 +29,7 @@ if not cur then
     local more = redis.call('ZCARD', KEYS[3]) > 0
     if more then
       redis.call('SETRANGE', lock, 0, QUEUED)
+      L.held_by_caller()
     else
       redis.call('DEL', KEYS[4])
     end

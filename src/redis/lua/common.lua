@@ -24,10 +24,14 @@
 -- Processes: a hash; field <hub> = Redis time in ms when that process last called on this key,
 --   or 'x' when its short grant lapsed (it is frozen or gone: its waiters are skipped until it
 --   calls again); fields '!w1', '!w2' = "<ms> <member>": the lock's two watchers (see `watch`)
---   and when each will look. Deleted when the queue empties.
+--   and when each will look; field '!h' = the holder's hub when a grant or a queued attempt
+--   made it the holder (unknown after a plain attempt on a lock nobody waited for). Deleted
+--   when the queue empties.
 -- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the lock is
 --   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is one of
---   the lock's watchers: look at the lock in px ms, when the holder's lease ends).
+--   the lock's watchers: look at the lock in px ms, when the holder's lease ends); 'd2' (a
+--   queue scan dropped this process's waiters because a short grant to it lapsed: they look
+--   again, and queue again).
 --
 -- ARGV (every script): token, ttl ms, retention ms (fence counter, queue, processes), claim
 -- window ms, presence window ms, queue member or '', caller's hub or '', flag, fence or ''.
@@ -150,7 +154,8 @@ local function slow()
     if k then return k end
     k = {}
     local rec = redis.call('HGET', pkey, hub)
-    k.how = (rec ~= LAPSED) and listener(hub) or nil
+    k.lapsed = rec == LAPSED
+    k.how = (not k.lapsed) and listener(hub) or nil
     if not k.how then
       k.is = 'gone'
     elseif rec and (now_us() / 1000 - tonumber(rec)) <= PRESENCE then
@@ -220,19 +225,38 @@ local function slow()
   end
 
   -- MEMBER, just queued with the lock's lease ending in `pttl` ms: whether it watches the
-  -- lock (it is a watcher, or there are fewer than two and it becomes one); records when it
-  -- will look.
+  -- lock (it is a watcher already, or takes a free field); records when it will look. The two
+  -- watchers stay in two processes (one process's fault must not silence both), and a
+  -- newcomer of another process replaces a watcher of the holder's (which would fail with
+  -- the holder).
   local function watching(pttl)
-    local free = nil
-    for _, field in ipairs(WATCHERS) do
+    local ms, hubs = {}, {}
+    for i, field in ipairs(WATCHERS) do
       local v = redis.call('HGET', pkey, field)
-      local m = v and string.match(v, '^%d+ (.*)$')
-      if m == MEMBER then free = field break end
-      if not m and not free then free = field end
+      ms[i] = v and string.match(v, '^%d+ (.*)$')
+      hubs[i] = ms[i] and split_member(ms[i])
     end
-    if not free then return 0 end
+    local function fits(i) return hubs[3 - i] ~= HUB end
+    local mine = nil
+    for i = 1, 2 do
+      if ms[i] == MEMBER then mine = i end
+    end
+    if not mine then
+      for i = 1, 2 do
+        if not mine and not ms[i] and fits(i) then mine = i end
+      end
+    end
+    if not mine then
+      local holder = redis.call('HGET', pkey, '!h')
+      if holder and holder ~= HUB then
+        for i = 1, 2 do
+          if not mine and hubs[i] == holder and fits(i) then mine = i end
+        end
+      end
+    end
+    if not mine then return 0 end
     if pttl < 0 then pttl = 0 end
-    redis.call('HSET', pkey, free, string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
+    redis.call('HSET', pkey, WATCHERS[mine], string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
     return 1
   end
 
@@ -254,6 +278,13 @@ local function slow()
       end
       local hub, ttl, token = split_member(head)
       local p = hub and process(hub)
+      if p and p.lapsed and not p.told then
+        -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
+        -- know, or they sleep with nobody to wake them.
+        p.told = true
+        local how = listener(hub)
+        if how then publish(how, hub, 'd2') end
+      end
       if p and p.is ~= 'gone' then
         redis.call('ZREM', q, unpack(drop))
         local full = p.is == 'fresh'
@@ -265,6 +296,7 @@ local function slow()
         local f = next_fence(more, pending)
         local state = full and HANDED or GRANTED
         redis.call('SET', lock, state .. token, 'PX', px)
+        redis.call('HSET', pkey, '!h', hub)
         publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
         watch(hub, px)
         return 'granted', px
@@ -318,7 +350,12 @@ local function slow()
     return {2, pttl, 1, listening, f, watching(pttl), now_us()}
   end
 
+  -- The caller's process holds the lock now (a queued attempt took it free).
+  local function held_by_caller()
+    if HUB ~= '' then redis.call('HSET', pkey, '!h', HUB) else redis.call('HDEL', pkey, '!h') end
+  end
+
   return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
-    watch = watch}
+    watch = watch, held_by_caller = held_by_caller}
 end

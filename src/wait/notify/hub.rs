@@ -49,6 +49,9 @@ pub(crate) struct Cell {
     mail: Mutex<Mail>,
     pub(crate) wake: Notify,
     reason: AtomicU8,
+    /// A wake-up from the hub (reconnect, lost messages, resubscribed, resumed, dropped) came
+    /// since the waiter last looked: it must look at the lock, whatever else it was told.
+    hub_woke: AtomicBool,
 }
 
 #[derive(Default)]
@@ -64,7 +67,13 @@ impl Cell {
             mail: Mutex::default(),
             wake: Notify::new(),
             reason: AtomicU8::new(WakeReason::Notification as u8),
+            hub_woke: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the hub woke this waiter since the last call (see `hub_woke`).
+    pub(crate) fn take_hub_wake(&self) -> bool {
+        self.hub_woke.swap(false, Ordering::SeqCst)
     }
 
     /// A grant delivered to this waiter, if one was.
@@ -82,6 +91,9 @@ impl Cell {
     }
 
     fn wake(&self, reason: WakeReason) {
+        if !matches!(reason, WakeReason::Notification | WakeReason::Watch) {
+            self.hub_woke.store(true, Ordering::SeqCst);
+        }
         self.reason.store(reason as u8, Ordering::SeqCst);
         // A stored permit: a waiter that is not parked yet still sees it.
         self.wake.notify_one();
@@ -355,6 +367,10 @@ impl Hub {
         };
         let token = match message {
             Message::Grant { token, .. } | Message::Watch { token, .. } => token,
+            Message::Dropped => {
+                self.wake_channel(channel, WakeReason::Resumed);
+                return;
+            }
         };
         let cell = lock(&self.registry)
             .map
@@ -390,6 +406,7 @@ impl Hub {
             }
             // A departed first waiter's leave told the next one already.
             (Message::Watch { .. }, None) => {}
+            (Message::Dropped, _) => {}
         }
     }
 

@@ -223,7 +223,12 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             // or after a reconnect) wait for the hub's wake-up at its confirmation; while it
             // has failed, poll without queueing.
             timer = match slot.state() {
-                SubState::Pending => w.deadline.saturating_duration_since(now),
+                SubState::Pending => {
+                    // No look until Redis confirms the subscription (the hub wakes us then): a
+                    // watch time that has passed must not make this loop spin.
+                    watch = None;
+                    w.deadline.saturating_duration_since(now)
+                }
                 state => {
                     let listening = state == SubState::Confirmed;
                     queue.armed |= listening;
@@ -316,7 +321,9 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             counters.woke(Some(WakeReason::Notification));
             // Boxed (as the attempts): its call state would otherwise size every waiting
             // future.
-            match Box::pin(take_grant(engine, hub, req, &client, anchor, grant)).await {
+            // Its confirmation (if it needs one) ends by the wait's deadline too.
+            let (limit, _) = w.limit(engine.command_timeout, Instant::now());
+            match Box::pin(take_grant(engine, hub, req, &client, anchor, grant, limit)).await {
                 Ok(Some(g)) => {
                     queue.armed = false;
                     return Ok(g);
@@ -332,11 +339,14 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             check = true;
             continue;
         }
+        // A wake-up from the hub (lost messages, a reconnect, a resumed process, dropped
+        // waiters) always makes the waiter look, even when a watch message came with it.
+        let hub_woke = cell.take_hub_wake();
         if let Some(px) = cell.take_watch() {
             // We are one of the lock's watchers now: look when the holder's lease ends.
             counters.woke(Some(WakeReason::Watch));
             watch = Some(Instant::now() + px + Duration::from_millis(1));
-            check = false;
+            check = hub_woke;
         } else {
             if reason != Some(WakeReason::Notification) {
                 counters.woke(reason);
@@ -365,6 +375,7 @@ async fn take_grant(
     client: &Client,
     anchor: Option<Anchor>,
     grant: Grant,
+    limit: Duration,
 ) -> Result<Option<LockGuard>> {
     let ttl = req.plan.ttl();
     if let (Some(lease), Some(a)) = (grant.lease, anchor) {
@@ -376,7 +387,7 @@ async fn take_grant(
                 since,
             };
             if hold.valid_until > Instant::now() {
-                return req.full_lease(engine, client, hold, false).await;
+                return req.full_lease(engine, client, hold, false, limit).await;
             }
         }
     }
@@ -389,5 +400,6 @@ async fn take_grant(
         valid_until: now,
         since: now,
     };
-    req.full_lease(engine, client, unconfirmed, false).await
+    req.full_lease(engine, client, unconfirmed, false, limit)
+        .await
 }
