@@ -6,7 +6,8 @@
 //! new tag, never an old one reused. During a rolling upgrade, scripts and clients of two
 //! versions meet on the same keys; the rule keeps every guard's lease one that Redis gave (an
 //! older client may be served late, never wrongly). `tests/scripts.rs` drives every transition
-//! of the scripts through a real Redis; `tests/model.rs` checks the protocol exhaustively.
+//! of the scripts through a real Redis; `model/` (crate `waitlock-model`)
+//! checks the protocol exhaustively.
 
 use std::time::Duration;
 

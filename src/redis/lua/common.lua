@@ -1,6 +1,8 @@
 -- waitlock protocol, format 2. Prepended to every script (Redis runs each script on its own).
 -- src/redis/protocol.rs is the Rust side of every format named here; tests/scripts.rs drives
--- each transition; tests/model.rs mirrors each script as one atomic step. Change them together.
+-- each transition; model/src/lib.rs (`Queue::acquire`, `release`, `extend`, `leave`, and one
+-- function per local function below, same names) mirrors each script as one atomic step and
+-- model/tests/exhaustive.rs checks it. Change them together.
 --
 -- Version rule: formats only grow. A reader ignores what it does not know (a message with an
 -- unknown tag, an unknown state letter is read as "held"); a new meaning gets a new tag or

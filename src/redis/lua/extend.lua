@@ -1,3 +1,4 @@
+-- Model: `Queue::extend` in model/src/lib.rs mirrors this script (change both together).
 -- Extend: the full TTL again if TOKEN holds the lock; the lock's watchers are told when the
 -- lease now ends (they make no call while it is refreshed). Reply {0} not held; {1, fence}
 -- extended ({1} when the fence counter is gone: only after the retention); {3, fence} a short

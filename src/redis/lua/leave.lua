@@ -1,3 +1,4 @@
+-- Model: `Queue::leave` in model/src/lib.rs mirrors this script (change both together).
 -- A waiter leaves: MEMBER out of the queue (when it watched the lock, another waiter is
 -- appointed); then, if TOKEN holds the lock, it gives it back (handed on or deleted): FLAG 'G' whatever it holds, FLAG 'o' only while FENCE is still the lock's fence
 -- (a grant whose waiter had gone: a newer grant to the same token is kept).

@@ -1,3 +1,4 @@
+-- Model: `Queue::release` in model/src/lib.rs mirrors this script (change both together).
 -- Release: if TOKEN holds the lock, hand it to the oldest live waiter or delete it.
 -- Reply {1} deleted, {2} handed over, {0} not held (nothing changed), {4} departed waiters
 -- dropped and more to look at: the lock is still TOKEN's (for the claim window), call again;

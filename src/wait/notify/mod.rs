@@ -17,6 +17,9 @@
 //!
 //! A dropped waiter leaves the queue in the background and gives back a grant it may have
 //! been sent, so the next waiter is served at once.
+//!
+//! Model: `wait` and `take_grant` are mirrored by `Queue::start`, `attempt`, `on_attempt`,
+//! `wake` and `take_grant` in model/src/lib.rs (change both together).
 
 pub(crate) mod hub;
 pub(crate) mod stats;
