@@ -28,6 +28,11 @@ pub struct LockerStats {
     /// found the lock gone (it reached Redis after the lease: a stalled server or a slow
     /// network). `run` returned the section's value: the lock was held throughout.
     pub late_releases: u64,
+    /// Attempts without queueing (a polling locker's, or one-shot `acquire`) that found waiters
+    /// of a queued locker on the key: they come first (FIFO), so a polling caller on a key
+    /// that queued lockers keep busy waits until the queue drains. Use one kind of locker per
+    /// contended key (see the crate docs, "Mixing lockers on one key").
+    pub behind_queue: u64,
     /// How long successful `acquire_wait` / `run` calls waited for the lock.
     pub wait: WaitSummary,
     /// Why a queued locker's waiters woke (all zero for a polling one).
@@ -121,6 +126,9 @@ pub(crate) struct Meter {
     pub(crate) locks_lost: AtomicU64,
     errors: AtomicU64,
     pub(crate) late_releases: AtomicU64,
+    pub(crate) behind_queue: AtomicU64,
+    /// A polling caller was warned (once per locker) that it waits behind a queue.
+    pub(crate) warned_behind_queue: std::sync::atomic::AtomicBool,
     waits: Box<[AtomicU64]>,
     wait_count: AtomicU64,
     wait_max_us: AtomicU64,
@@ -135,6 +143,8 @@ impl Default for Meter {
             locks_lost: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             late_releases: AtomicU64::new(0),
+            behind_queue: AtomicU64::new(0),
+            warned_behind_queue: std::sync::atomic::AtomicBool::new(false),
             waits: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             wait_count: AtomicU64::new(0),
             wait_max_us: AtomicU64::new(0),
@@ -210,6 +220,7 @@ impl Meter {
             locks_lost: g(&self.locks_lost),
             errors: g(&self.errors),
             late_releases: g(&self.late_releases),
+            behind_queue: g(&self.behind_queue),
             wait: WaitSummary {
                 count: g(&self.wait_count),
                 p50: pct(0.5),

@@ -435,6 +435,11 @@ async fn others_do_not_jump_the_queue(url: &str) -> Result<String, String> {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
+    // The polling locker was told it stood behind a queue (counted; warned once).
+    let behind = poller.stats().behind_queue;
+    if behind == 0 {
+        return Err("the polling locker's stats do not show it stood behind the queue".into());
+    }
     // A polling waiter waits its turn behind the holder and gets it after the release.
     let p = {
         let l = poller.clone();
@@ -458,7 +463,7 @@ async fn others_do_not_jump_the_queue(url: &str) -> Result<String, String> {
         return Err(format!("lock left behind: {v:?}"));
     }
     Ok(format!(
-        "{refused} one-shot/try_lock attempts on a free lock with a waiter queued were refused; the waiter got it, then the poller"
+        "{refused} one-shot/try_lock attempts on a free lock with a waiter queued were refused ({behind} counted as behind the queue); the waiter got it, then the poller"
     ))
 }
 

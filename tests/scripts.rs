@@ -113,6 +113,14 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, Some("pH")), Queue(&[])],
         },
         Row {
+            name: "acquire a key held with waiters queued, without queueing: held, behind the queue",
+            setup: &["SET {L} qH PX 5000"],
+            script: scripts::ACQUIRE,
+            call: args("T"),
+            reply: "[2, _, 0, 1]",
+            checks: &[Get(L, Some("qH")), Queue(&[])],
+        },
+        Row {
             name: "acquire a held key with a member: queued, p becomes q, the process recorded",
             setup: &["SET {L} pH PX 5000", "SET {F} 100 PX 60000"],
             script: scripts::ACQUIRE,
@@ -282,7 +290,7 @@ fn rows() -> Vec<Row> {
             ],
             script: scripts::ACQUIRE,
             call: args("T"),
-            reply: "[2, 20000, 0]",
+            reply: "[2, 20000, 0, 1]",
             checks: &[Get(L, Some("hw1")), Messages(&["aaaaaaaaaaaa: g2 "])],
         },
         Row {
@@ -314,7 +322,7 @@ fn rows() -> Vec<Row> {
             ],
             script: scripts::ACQUIRE,
             call: args("T"),
-            reply: "[2, 30000, 0]",
+            reply: "[2, 30000, 0, 1]",
             checks: &[
                 Get(L, Some("hx1")),
                 Queue(&[]),
@@ -509,7 +517,7 @@ fn rows() -> Vec<Row> {
             ],
             script: scripts::ACQUIRE,
             call: args("T"),
-            reply: "[2, 30000, 0]",
+            reply: "[2, 30000, 0, 1]",
             checks: &[Process(DEAD, Some("x")), Messages(&["bbbbbbbbbbbb: g2 "])],
         },
         Row {

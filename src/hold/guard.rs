@@ -284,6 +284,10 @@ impl LockGuard {
         }
     }
 
+    pub(crate) fn lease(&self) -> Arc<Lease> {
+        Arc::clone(&self.lease)
+    }
+
     pub(crate) fn engine(&self) -> Arc<Engine> {
         Arc::clone(&self.engine)
     }

@@ -1,15 +1,18 @@
 //! Critical sections: `run` on both lockers.
 
 use super::guard::LockGuard;
+use super::lease::Lease;
 use crate::error::Error;
 use std::future::Future;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// What a critical section gets: the loss signal, the key and the fence.
-#[derive(Debug, Clone)]
+/// What a critical section gets: the loss signal, the key, the fence and the lease.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct LockContext {
     /// Cancelled the moment the lock is judged lost; stop touching the protected resource then.
@@ -19,6 +22,28 @@ pub struct LockContext {
     pub key: String,
     /// The fencing token of this hold; pass it to storage that checks fences.
     pub fence: u64,
+    lease: Arc<Lease>,
+}
+
+impl LockContext {
+    /// The last instant this holder may assume no one else holds the lock, as of the latest
+    /// refresh (see [`LockGuard::valid_until`]). `lost` is cancelled when it passes without a
+    /// refresh; checking it before a write that must not land late does not depend on a timer
+    /// firing on time (a busy runtime may run the section first).
+    pub fn valid_until(&self) -> Instant {
+        self.lease.lock().valid_until
+    }
+}
+
+impl std::fmt::Debug for LockContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockContext")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("lost", &self.lost.is_cancelled())
+            .field("valid_until", &self.valid_until())
+            .finish()
+    }
 }
 
 /// Runs `f` under `guard` with a keep-alive, then releases.
@@ -33,6 +58,7 @@ where
         lost,
         key: guard.key().to_owned(),
         fence: guard.fence(),
+        lease: guard.lease(),
     };
     // If this future is dropped here, the guard's drop stops the keep-alive and releases.
     let outcome = CatchUnwind(Box::pin(f(ctx))).await;

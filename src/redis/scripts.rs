@@ -45,10 +45,12 @@ pub(crate) enum Attempt {
         fence: u64,
         remaining: Option<Duration>,
     },
-    /// Another token holds it; `queued` when our member is in the queue now.
+    /// Another token holds it; `queued` when our member is in the queue now; `behind_queue`
+    /// when waiters may be queued (who come first).
     Locked {
         remaining: Option<Duration>,
         queued: Option<Queued>,
+        behind_queue: bool,
     },
 }
 
@@ -329,12 +331,14 @@ impl Engine {
                     fence: *fence as u64,
                     remaining: remaining(*pttl),
                 },
-                [reply::HELD, pttl, 0] => Attempt::Locked {
+                [reply::HELD, pttl, 0, rest @ ..] => Attempt::Locked {
                     remaining: remaining(*pttl),
                     queued: None,
+                    behind_queue: rest == [1],
                 },
                 [reply::HELD, pttl, 1, listening, fence, watcher, now] => Attempt::Locked {
                     remaining: remaining(*pttl),
+                    behind_queue: true,
                     queued: Some(Queued {
                         deaf: *listening == 0,
                         fence: (*fence).max(0) as u64,

@@ -277,8 +277,15 @@ impl Waiting {
                     remaining_ttl: remaining,
                 });
             }
-            Ok(Attempt::Locked { remaining, queued }) => {
+            Ok(Attempt::Locked {
+                remaining,
+                queued,
+                behind_queue,
+            }) => {
                 self.last_error = None;
+                if behind_queue && req.hub.is_empty() {
+                    behind_the_queue(engine, req);
+                }
                 return Ok(Step::Held {
                     remaining,
                     queued,
@@ -337,6 +344,25 @@ impl Waiting {
             d = d.min(r + Duration::from_millis(1));
         }
         d.min(self.deadline.saturating_duration_since(now))
+    }
+}
+
+/// A polling caller found waiters of a queued locker ahead of it: counted, and said once per
+/// locker (a polling caller waits until such a queue drains; see `LockerStats::behind_queue`).
+fn behind_the_queue(engine: &Engine, req: &Request) {
+    use std::sync::atomic::Ordering;
+    engine.meter.behind_queue.fetch_add(1, Ordering::Relaxed);
+    if !engine
+        .meter
+        .warned_behind_queue
+        .swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(
+            key = %req.names.key,
+            "a polling caller found waiters of a queued locker ahead of it: they come first, so \
+             it waits until their queue drains; use one kind of locker per contended key \
+             (reported once per locker; see LockerStats::behind_queue)"
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 -- Model: `Queue::acquire` in model/src/lib.rs mirrors this script (change both together).
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
--- Reply: {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
+-- Reply ({2, pttl, 0, 1}: held, and waiters may be queued, who come first):
+-- {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
 -- {1, pttl, fence} this token holds it already (a full grant is claimed: 'h' becomes 'q'); {2, pttl, 0} another token holds it (pttl -1:
 -- no expiry); {2, pttl, 1, listening, fence, rank, time} the same, and MEMBER is queued:
 -- listening 0 says nobody listens on its process's grant channel (Redis dropped the
@@ -42,7 +43,7 @@ if not cur then
     L.fence_flags(true, nil)
     return {4}
   end
-  if MEMBER == '' then return {2, px, 0} end
+  if MEMBER == '' then return {2, px, 0, 1} end
   return L.enqueue(px)
 end
 if holder_of(cur) == TOKEN then
@@ -54,6 +55,9 @@ if holder_of(cur) == TOKEN then
   return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', KEYS[2])))}
 end
 local pttl = redis.call('PTTL', lock)
-if MEMBER == '' then return {2, pttl, 0} end
+if MEMBER == '' then
+  if state_of(cur) == TAKEN then return {2, pttl, 0} end
+  return {2, pttl, 0, 1}
+end
 if state_of(cur) == TAKEN then redis.call('SETRANGE', lock, 0, QUEUED) end
 return slow().enqueue(pttl)
