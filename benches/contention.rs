@@ -511,6 +511,21 @@ impl Report {
         };
         self.fields.push((k.into(), v));
     }
+    /// A distribution as 41 quantiles (0, 2.5%, ..., 100%), for the plots.
+    fn quantiles(&mut self, k: &str, sorted: &[f64]) {
+        if sorted.is_empty() {
+            return;
+        }
+        let q: Vec<String> = (0..=40)
+            .map(|i| {
+                format!(
+                    "{}",
+                    (pct(sorted, i as f64 / 40.0) * 1000.0).round() / 1000.0
+                )
+            })
+            .collect();
+        self.fields.push((k.into(), format!("[{}]", q.join(","))));
+    }
     fn json(&self) -> String {
         let body: Vec<String> = self
             .fields
@@ -522,6 +537,7 @@ impl Report {
     fn line(&self) -> String {
         self.fields
             .iter()
+            .filter(|(_, v)| !v.starts_with('['))
             .map(|(k, v)| format!("{k}={}", v.trim_matches('"')))
             .collect::<Vec<_>>()
             .join("  ")
@@ -577,6 +593,7 @@ fn handoff_figures(r: &mut Report, run: &Run) {
             v.last().copied().unwrap_or(f64::NAN),
         );
     }
+    r.quantiles("gap_diff_quantiles_ms", &diff);
     r.n("same_worker_share", same as f64 / (n.max(2) - 1) as f64);
     r.n("calls_per_acq", run.calls as f64 / n.max(1) as f64);
     r.n("commands_per_acq", run.commands as f64 / n.max(1) as f64);
@@ -806,6 +823,7 @@ async fn coordinator(quick: bool) {
         r.n("trials", over.len() as f64);
         r.n("overshoot_p50_ms", pct(&over, 0.5));
         r.n("overshoot_max_ms", over.last().copied().unwrap_or(f64::NAN));
+        r.quantiles("overshoot_quantiles_ms", &over);
         r.n("calls_per_trial", run.calls as f64 / trials as f64);
         r.n("commands_per_trial", run.commands as f64 / trials as f64);
         emit(r);

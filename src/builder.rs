@@ -63,10 +63,20 @@ pub(crate) fn default_settings() -> Settings {
         presence_window: DEFAULT_PRESENCE_WINDOW,
         retention: DEFAULT_RETENTION,
         replicas: None,
+        metrics_key_label: false,
     }
 }
 
 impl<S> LockerBuilder<S> {
+    /// With the `metrics` feature: label every metric of a lock with its key (`key="..."`).
+    /// Off by default: a label per key makes a time series per key, which a monitoring system
+    /// pays for; turn it on only for a bounded set of keys. Without the feature it does
+    /// nothing.
+    pub fn metrics_key_label(mut self, on: bool) -> Self {
+        self.settings.metrics_key_label = on;
+        self
+    }
+
     /// The prefix of every Redis name this locker uses; non-empty, at most 256 bytes, without
     /// braces. Defaults to `waitlock:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {

@@ -7,6 +7,7 @@ mod error;
 mod hold;
 mod keys;
 mod locker;
+pub mod metrics;
 mod options;
 mod redis;
 mod stats;

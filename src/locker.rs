@@ -196,7 +196,7 @@ impl<S: Strategy> Locker<S> {
             Ok(req) => wait::once(&self.engine, &req).await,
             Err(e) => Err(e),
         };
-        self.engine.meter.record(&result, None);
+        self.engine.meter.record(key, &result, None);
         result
     }
 
@@ -241,14 +241,37 @@ impl<S: Strategy> Locker<S> {
     /// guard.release().await?;
     /// # Ok(()) }
     /// ```
-    #[tracing::instrument(name = "acquire_wait", level = "debug", skip_all, fields(key = %key))]
+    #[tracing::instrument(
+        name = "acquire_wait",
+        level = "debug",
+        skip_all,
+        fields(
+            key = %key,
+            locker = self.engine.meter.kind(),
+            waited_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            fence = tracing::field::Empty,
+        )
+    )]
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let start = tokio::time::Instant::now();
         let result = match Request::new(&self.engine, key, opts, self.strategy.process_id()) {
             Ok(req) => self.strategy.wait(&self.engine, &req).await,
             Err(e) => Err(e),
         };
-        self.engine.meter.record(&result, Some(start.elapsed()));
+        let waited = start.elapsed();
+        self.engine.meter.record(key, &result, Some(waited));
+        let span = tracing::Span::current();
+        span.record("waited_ms", waited.as_secs_f64() * 1e3);
+        match &result {
+            Ok(g) => {
+                span.record("outcome", "acquired");
+                span.record("fence", g.fence());
+            }
+            Err(e) => {
+                span.record("outcome", tracing::field::display(e));
+            }
+        }
         result
     }
 
@@ -279,6 +302,7 @@ impl<S: Strategy> Locker<S> {
     ///     .await?;
     /// # let _ = total; Ok(()) }
     /// ```
+    #[tracing::instrument(name = "run", level = "debug", skip_all, fields(key = %key))]
     pub async fn run<F, Fut, T, E>(&self, key: &str, opts: &LockOptions, f: F) -> Result<T, E>
     where
         F: FnOnce(LockContext) -> Fut,

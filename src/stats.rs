@@ -127,6 +127,10 @@ pub(crate) struct Meter {
     errors: AtomicU64,
     pub(crate) late_releases: AtomicU64,
     pub(crate) behind_queue: AtomicU64,
+    /// The locker is a queued one (the `locker` label of its metrics).
+    queued: std::sync::atomic::AtomicBool,
+    /// Its metrics carry the key as a label (`LockerBuilder::metrics_key_label`).
+    key_label: std::sync::atomic::AtomicBool,
     /// A polling caller was warned (once per locker) that it waits behind a queue.
     pub(crate) warned_behind_queue: std::sync::atomic::AtomicBool,
     waits: Box<[AtomicU64]>,
@@ -144,6 +148,8 @@ impl Default for Meter {
             errors: AtomicU64::new(0),
             late_releases: AtomicU64::new(0),
             behind_queue: AtomicU64::new(0),
+            queued: std::sync::atomic::AtomicBool::new(false),
+            key_label: std::sync::atomic::AtomicBool::new(false),
             warned_behind_queue: std::sync::atomic::AtomicBool::new(false),
             waits: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             wait_count: AtomicU64::new(0),
@@ -175,8 +181,34 @@ fn bucket_top(b: usize) -> u64 {
 }
 
 impl Meter {
-    /// Counts the outcome of one acquisition; `waited` for a waiting one that succeeded.
-    pub(crate) fn record<T>(&self, result: &Result<T, Error>, waited: Option<Duration>) {
+    /// Marks the locker as a queued one (for its metrics' `locker` label).
+    pub(crate) fn set_queued(&self) {
+        self.queued.store(true, Ordering::Relaxed);
+    }
+
+    /// Has its metrics carry the key as a label.
+    pub(crate) fn set_key_label(&self, on: bool) {
+        self.key_label.store(on, Ordering::Relaxed);
+    }
+
+    /// `poll` or `queue`.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn kind(&self) -> &'static str {
+        if self.queued.load(Ordering::Relaxed) {
+            "queue"
+        } else {
+            "poll"
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn key_label(&self) -> bool {
+        self.key_label.load(Ordering::Relaxed)
+    }
+
+    /// Counts the outcome of one acquisition on `key`; `waited` for a waiting one.
+    pub(crate) fn record<T>(&self, key: &str, result: &Result<T, Error>, waited: Option<Duration>) {
+        crate::metrics::acquisition(self, key, result, waited);
         let c = match result {
             Ok(_) => {
                 if let Some(w) = waited {
@@ -266,7 +298,7 @@ mod tests {
     fn percentiles_of_known_waits() {
         let m = Meter::default();
         for ms in 1..=100u64 {
-            m.record(&Ok::<(), Error>(()), Some(Duration::from_millis(ms)));
+            m.record("k", &Ok::<(), Error>(()), Some(Duration::from_millis(ms)));
         }
         let s = m.snapshot(WakeStats::default());
         assert_eq!(s.acquisitions, 100);

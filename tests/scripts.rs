@@ -129,7 +129,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, 1, _]",
+            reply: "[2, _, 1, 1, 100, 1, _, _]",
             checks: &[
                 Get(L, Some("qH")),
                 Queue(&[M_LIVE]),
@@ -146,7 +146,7 @@ fn rows() -> Vec<Row> {
                 hub: DEAD,
                 ..args("z1")
             },
-            reply: "[2, _, 1, 0, 100, 1, _]",
+            reply: "[2, _, 1, 0, 100, 1, _, _]",
             checks: &[Queue(&[M_DEAD])],
         },
         Row {
@@ -344,7 +344,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE,
                 ..args("w2")
             },
-            reply: "[2, _, 1, 1, 100, 1, _]",
+            reply: "[2, _, 1, 1, 100, 1, _, _]",
             checks: &[Process(LIVE, Some("now")), Queue(&[M_LIVE_B])],
         },
         Row {
@@ -535,7 +535,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE,
                 ..args("w2")
             },
-            reply: "[2, _, 1, 1, 100, 0, _]",
+            reply: "[2, _, 1, 1, 100, 0, _, _]",
             checks: &[Watcher("!w2", None), Queue(&[M_LIVE, M_LIVE_B])],
         },
         Row {
@@ -553,7 +553,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE2,
                 ..args("x1")
             },
-            reply: "[2, _, 1, 1, 100, 1, _]",
+            reply: "[2, _, 1, 1, 100, 1, _, _]",
             checks: &[Watcher("!w2", Some(M_LIVE2))],
         },
         Row {
@@ -575,7 +575,7 @@ fn rows() -> Vec<Row> {
                 hub: LIVE2,
                 ..args("x1")
             },
-            reply: "[2, _, 1, 1, 100, 1, _]",
+            reply: "[2, _, 1, 1, 100, 1, _, _]",
             checks: &[
                 Watcher("!w1", Some(M_LIVE2)),
                 Watcher("!w2", Some(M_DEAD)),

@@ -213,6 +213,7 @@ impl LockGuard {
                     .meter
                     .late_releases
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::metrics::late_release(&engine.meter, &key);
                 tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
                 Ok(())
             }

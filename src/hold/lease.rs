@@ -125,6 +125,7 @@ impl Refresher {
     fn lose(&self, reason: LossReason) {
         if let Some(engine) = self.engine.upgrade() {
             engine.meter.locks_lost.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::lost(&engine.meter, &self.names.key, reason);
         }
         self.lease.mark_lost(reason);
         self.lost.cancel();
@@ -166,11 +167,24 @@ impl Refresher {
                 ..Call::new(&self.names, &self.token)
             };
             let client = engine.backend.client_for(&self.token);
+            let span = tracing::debug_span!(
+                "refresh",
+                key = %self.names.key,
+                outcome = tracing::field::Empty
+            );
             let result = tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
-                r = engine.extend_on(client, &call, limit) => r,
+                r = tracing::Instrument::instrument(engine.extend_on(client, &call, limit), span.clone()) => r,
             };
+            span.record(
+                "outcome",
+                match &result {
+                    Ok(Extended::NotHeld) => "not held",
+                    Ok(_) => "refreshed",
+                    Err(_) => "failed",
+                },
+            );
             drop(engine);
             match result {
                 Ok(Extended::Renewed { .. } | Extended::Confirmed { .. }) => {
@@ -187,6 +201,9 @@ impl Refresher {
                     return;
                 }
                 Err(e) => {
+                    if let Some(engine) = self.engine.upgrade() {
+                        crate::metrics::refresh_failed(&engine.meter, &self.names.key);
+                    }
                     let left = valid_until.saturating_duration_since(Instant::now());
                     let retry = (left / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
                     tracing::warn!(key = %self.names.key, error = %e, ?retry, "refresh failed; retrying");

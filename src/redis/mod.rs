@@ -80,6 +80,8 @@ pub(crate) struct Settings {
     /// Replicas that must acknowledge every acquisition and refresh (`WAIT`), and how long to
     /// wait for them.
     pub(crate) replicas: Option<(u32, Duration)>,
+    /// Metrics carry the key as a label.
+    pub(crate) metrics_key_label: bool,
 }
 
 /// What a locker is made of, shared by its clones, its guards and their background tasks.
@@ -115,7 +117,11 @@ impl Engine {
             retention: s.retention,
             replicas: s.replicas,
             tasks: Arc::default(),
-            meter: Meter::default(),
+            meter: {
+                let m = Meter::default();
+                m.set_key_label(s.metrics_key_label);
+                m
+            },
             switched: tokio::sync::broadcast::Sender::new(4),
             last_forced_reconnect: std::sync::atomic::AtomicU64::new(0),
             watchers: std::sync::Mutex::default(),

@@ -65,6 +65,8 @@ pub(crate) struct Queued {
     pub(crate) watcher: bool,
     /// Redis' clock when the attempt ran (microseconds).
     pub(crate) redis_us: u64,
+    /// The queue's length after the attempt (our member included).
+    pub(crate) depth: u64,
 }
 
 /// What an extend did.
@@ -336,7 +338,7 @@ impl Engine {
                     queued: None,
                     behind_queue: rest == [1],
                 },
-                [reply::HELD, pttl, 1, listening, fence, watcher, now] => Attempt::Locked {
+                [reply::HELD, pttl, 1, listening, fence, watcher, now, depth] => Attempt::Locked {
                     remaining: remaining(*pttl),
                     behind_queue: true,
                     queued: Some(Queued {
@@ -344,6 +346,7 @@ impl Engine {
                         fence: (*fence).max(0) as u64,
                         watcher: *watcher == 1,
                         redis_us: (*now).max(0) as u64,
+                        depth: (*depth).max(0) as u64,
                     }),
                 },
                 [reply::CONTINUE] => {

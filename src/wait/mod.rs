@@ -352,6 +352,7 @@ impl Waiting {
 fn behind_the_queue(engine: &Engine, req: &Request) {
     use std::sync::atomic::Ordering;
     engine.meter.behind_queue.fetch_add(1, Ordering::Relaxed);
+    crate::metrics::behind_queue(&engine.meter, &req.names.key);
     if !engine
         .meter
         .warned_behind_queue

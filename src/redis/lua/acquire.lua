@@ -1,6 +1,7 @@
 -- Model: `Queue::acquire` in model/src/lib.rs mirrors this script (change both together).
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
--- Reply ({2, pttl, 0, 1}: held, and waiters may be queued, who come first):
+-- Reply ({2, pttl, 0, 1}: held, and waiters may be queued, who come first; the queued reply ends
+-- with the queue's length, the caller included):
 -- {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
 -- {1, pttl, fence} this token holds it already (a full grant is claimed: 'h' becomes 'q'); {2, pttl, 0} another token holds it (pttl -1:
 -- no expiry); {2, pttl, 1, listening, fence, rank, time} the same, and MEMBER is queued:

@@ -338,8 +338,9 @@ local function slow()
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
-  -- Returns the 'queued' reply: {2, pttl, 1, listening, fence, watching, Redis time us}
-  -- (watching 1: the waiter looks at the lock when the lease ends, in pttl ms).
+  -- Returns the 'queued' reply: {2, pttl, 1, listening, fence, watching, Redis time us, depth}
+  -- (watching 1: the waiter looks at the lock when the lease ends, in pttl ms; depth: the
+  -- queue's length now, the caller included).
   local function enqueue(pttl)
     seen(HUB)
     local added = redis.call('ZADD', q, 'NX', now_us(), MEMBER)
@@ -349,7 +350,7 @@ local function slow()
     local f = fence_flags(true, pending, old or false)
     local listening = 0
     if listener(HUB) then listening = 1 end
-    return {2, pttl, 1, listening, f, watching(pttl), now_us()}
+    return {2, pttl, 1, listening, f, watching(pttl), now_us(), redis.call('ZCARD', q)}
   end
 
   -- The caller's process holds the lock now (a queued attempt took it free).

@@ -473,6 +473,9 @@ impl Hub {
         self.manager_wake.notify_one();
         if reconnected {
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            if let Some(engine) = self.engine.upgrade() {
+                crate::metrics::subscriber_reconnect(&engine.meter);
+            }
         }
         self.wake_all(WakeReason::Reconnect);
     }

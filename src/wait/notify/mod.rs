@@ -48,6 +48,7 @@ pub(crate) const SAFETY_INTERVAL: Duration = Duration::from_secs(100);
 
 /// Opens the subscriber connection with the client's config and starts the hub.
 pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
+    engine.meter.set_queued();
     let client = engine.backend.next_client();
     let mode = detect_mode(client, engine.command_timeout).await?;
     let mut perf = client.perf_config();
@@ -249,6 +250,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                     match step {
                         Step::Won(g) => {
                             queue.armed = false;
+                            crate::metrics::handoff(&engine.meter, &req.names.key, false);
                             return Ok(g);
                         }
                         Step::Held {
@@ -261,6 +263,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                                 redis_us: q.redis_us,
                                 fence: q.fence,
                             });
+                            crate::metrics::queue_depth(&engine.meter, &req.names.key, q.depth);
                             if q.deaf {
                                 // Redis dropped our subscription without telling fred (a
                                 // Cluster slot moved): subscribe again, then check. While a
@@ -329,6 +332,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             match Box::pin(take_grant(engine, hub, req, &client, anchor, grant, limit)).await {
                 Ok(Some(g)) => {
                     queue.armed = false;
+                    crate::metrics::handoff(&engine.meter, &req.names.key, true);
                     return Ok(g);
                 }
                 // The grant lapsed before we could confirm it: this process may have been
@@ -371,6 +375,12 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
 /// still worth the TTL is used at once; a short one (our process was not seen lately), one
 /// that arrived late, or one of an older version that did not say its lease is confirmed
 /// first (one round trip). `None`: it lapsed before we could confirm it.
+#[tracing::instrument(
+    name = "handoff",
+    level = "debug",
+    skip_all,
+    fields(key = %req.names.key, fence = grant.fence, confirmed = tracing::field::Empty)
+)]
 async fn take_grant(
     engine: &Arc<Engine>,
     hub: &Hub,
@@ -397,6 +407,7 @@ async fn take_grant(
     hub.counters
         .confirmed_on_arrival
         .fetch_add(1, Ordering::Relaxed);
+    tracing::Span::current().record("confirmed", true);
     let now = Instant::now();
     let unconfirmed = Hold {
         fence: grant.fence,
