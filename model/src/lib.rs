@@ -1,0 +1,2596 @@
+//! An exhaustive model of waitlock's queue handoff (protocol format 2), checked with
+//! stateright 0.31 (see `tests/exhaustive.rs` and `README.md`).
+//!
+//! **What it is.** One key. Redis is one state machine whose transitions are the scripts of
+//! `src/redis/lua/` (acquire, release, extend, leave: `Queue::acquire`, `release`, `extend`,
+//! `leave`), each one atomic step as Redis runs it, with one function per local function of
+//! `common.lua` that holds state (same names: `listener`, `process`, `seen`, `lapse`,
+//! `next_fence`, `fence_flags`, `watch`, `watching`, `serve`, `release_held`, `confirm_grant`,
+//! `enqueue`, `held_by_caller`); every function says what it mirrors. Processes each have waiters
+//! (one `acquire_wait` each, with its own token), one subscriber connection (grant and watch
+//! messages: one FIFO per connection) and one client connection (calls: one FIFO per process
+//! while the connection is stalled). The waiter is `src/wait/notify/mod.rs::wait` and
+//! `take_grant` (`Queue::start`, `attempt`, `on_attempt`, `wake`, `take_grant`), with
+//! `Request::full_lease` and `Waiting::attempt`/`limit` (`src/wait/mod.rs`), the dispatcher's
+//! `deliver` (a `d2` wakes the channel), the cell's sticky `hub_woke` flag and the
+//! housekeeper's freeze notice (`src/wait/notify/hub.rs`).
+//!
+//! **Time** is a tick (`now`); the clock runs only while nothing is due (timers, messages and
+//! replies of running processes are urgent: a late process is a frozen one). Keys expire in
+//! `Tick`. A guard's `valid_until` is computed as the code does it, from the send tick of the
+//! call that set the lease (`Hold::sent`), or for a grant message from the anchor
+//! (`since = anchor.sent + (grant time − anchor Redis time)`); the drift margin (1% + 2 ms) is
+//! below a tick, so it is 0 in the model, and `full_lease`'s "about a full TTL" test
+//! (`valid_until ≥ now + TTL − 2·margin`) is `valid_until ≥ now + TTL`.
+//!
+//! **Faults** are budgeted nondeterministic steps: a message lost (the hub then wakes every
+//! waiter of the process: a lagged buffer or the reconnect that lost it), a process frozen
+//! (messages sit in its FIFO, timers do not fire; resuming after `notice` ticks or more wakes
+//! its waiters, as the housekeeper does), a subscriber connection dropped (messages in flight
+//! lost, Redis counts no listener) and re-made (every waiter woken), a process killed, and a
+//! stalled client connection (its calls wait in a FIFO; a caller waiting for a reply gives up
+//! at its time limit, and the calls run later, in order).
+//!
+//! **Abstractions** (what the model leaves out or narrows, stated so a reader can judge):
+//! - a call answered in time runs within the tick it is sent; only a stalled connection
+//!   separates send, run and reply (so the anchor's send and Redis times differ only there);
+//!   the 1% clock-rate factor is not modelled; the attempts' 5 ms last grace
+//!   (`LAST_ATTEMPT_GRACE`) is below a tick: a call sent at the deadline has a limit of 0;
+//! - the queue scan is unbounded (the scripts stop at 200 heads and answer "continue": release
+//!   `{4}` / `{0, 4}`, acquire `{4}` never happen here); the fence counter and the processes
+//!   hash outlive every hold (no retention: extend always answers `{1, fence}`);
+//! - only `acquire_wait` with a hub: no polling callers (`wait::once`, a locker without
+//!   pub/sub), no fixed tokens, no required replicas, no `give_back`;
+//! - every waiter has the same TTL and starts at tick 0 (or when its frozen process resumes);
+//!   holders do not refresh, and release before their lease ends unless frozen, killed or
+//!   stalled (an overrunning holder is one of those faults); a process's channel is
+//!   unsubscribed as soon as its last waiter returns; a timed-out attempt is retried one tick
+//!   later (the backoff);
+//! - voluntary steps happen between cascades of urgent steps (`Cfg::calm`): a holder's
+//!   release, a freeze, a stall, a resume, a re-made subscriber connection, the start of a
+//!   replay are offered only when no urgent step (a reaction: a delivery, a wake-up, an
+//!   attempt, a timeout...) is pending; a release, a kill or a subscriber drop may still
+//!   interleave with its own process's pending steps (its messages in flight, its other
+//!   waiters' reactions), not with another process's. Message losses happen anywhere;
+//! - the fast path (one plain attempt before registering) is skipped while the process's
+//!   connection is stalled;
+//! - the subscriber connection's drop and re-making are two steps (`SubDrop`, `Resub`): the
+//!   hub's `Pending` between reconnect and confirmation is seen only by a waiter whose attempt
+//!   found its process deaf.
+//!
+//! **Switches.** `Cfg::default()` is the code as it is. `Cfg::bug` brings back one of two old
+//! bugs, `Cfg::revert` takes one of the fixes of findings F1–F6 back (the finding tests), and
+//! `Cfg::proposal` adds a rule the code does not have (for the open finding F7).
+
+use stateright::{Model, Property, Representative};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// A waiter (one `acquire_wait`, one token, one queue member).
+pub type W = u8;
+/// A process (one hub: a subscriber connection, a client, waiters).
+pub type Pid = u8;
+
+/// The bug switches: the old behaviour of the two reproduced findings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// The protocol as it is.
+    None,
+    /// Finding 1 (commit b5d1a59): every grant is a short grant (claim window) and its waiter
+    /// uses it at once, its guard valid for the claim window only, confirmed later in the
+    /// background.
+    ShortLeaseBackgroundConfirm,
+    /// Finding 2: the waiter assumes its own (longer) claim window, `min(ttl, own_claim)`,
+    /// instead of the PX the grant message says.
+    OwnClaimWindow,
+}
+
+/// The model's parameters. Times are in ticks.
+#[derive(Clone, Debug)]
+pub struct Cfg {
+    pub procs: u8,
+    /// Waiters per process.
+    pub wpp: u8,
+    /// Every waiter's TTL (the PX of a free acquisition, a full grant, a confirm).
+    pub ttl: u8,
+    /// The claim window: a short grant's PX is `min(ttl, claim)`.
+    pub claim: u8,
+    /// A process is fresh when Redis saw it call within this many ticks (`now - seen <= presence`).
+    pub presence: u8,
+    /// Each wait's deadline, from its start.
+    pub wait: u8,
+    /// The clock stops here.
+    pub horizon: u8,
+    /// A freeze of at least this many ticks is noticed on resume (the housekeeper's "1 s late").
+    pub notice: u8,
+    /// The command timeout (a call's time limit; an attempt's is also cut by the deadline).
+    pub cmd: u8,
+    /// `Bug::OwnClaimWindow`: the waiter's own claim window.
+    pub own_claim: u8,
+    /// (f): a returned guard must be valid until at least `reference + ttl - slack`.
+    pub slack: u8,
+    /// Fault budgets.
+    pub losses: u8,
+    pub freezes: u8,
+    pub drops: u8,
+    pub kills: u8,
+    pub stalls: u8,
+    pub bug: Bug,
+    /// One behaviour of the code taken back to what it was before the fixes of findings
+    /// F1–F6 (`None`: the code as it is). The finding tests replay each finding's trace with
+    /// its behaviour reverted (it breaks its property) and as implemented (it does not).
+    pub revert: Option<Revert>,
+    /// A proposed rule, not in the code (see `Proposal`); `None`: the code as it is.
+    pub proposal: Option<Proposal>,
+    /// Incident costs left out of the idle bound (COST_* bits; experiments only).
+    pub no_cost: u8,
+    /// Steps offered only between cascades (when no urgent step is pending): CALM_* bits.
+    pub calm: u8,
+}
+
+/// The behaviours that findings F1–F6 changed, each as it was before its fix (`Cfg::revert`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revert {
+    /// F1: `watching()` makes a new member a watcher whenever a watcher field is free, whatever
+    /// its process (now: two processes, and a newcomer replaces a watcher of the holder's
+    /// process, when Redis knows it: '!h').
+    F1Watchers,
+    /// F2: a queue scan drops the waiters of a lapsed process silently (now: it publishes `d2`
+    /// to that process if it listens, and its waiters look again).
+    F2Lapse,
+    /// F3: extend's renewal `{1}` carries no fence, and the guard keeps the fence in hand (now:
+    /// `{1, fence}`, and the guard uses it).
+    F3Fence,
+    /// F4: a wake-up from the hub that finds a watch message in the cell is taken as that
+    /// message, no look (now: a hub wake always makes the waiter look).
+    F4Wake,
+    /// F5: a release that finds the lock free does nothing (now: if the fence says waiters
+    /// are queued, it serves them).
+    F5Release,
+    /// F6: a grant's confirmation (and an attempt's `full_lease` extend) has the command
+    /// timeout as its limit (now: the wait's attempt limit, cut to the deadline).
+    F6Limit,
+}
+
+/// Rules proposed by the model, not (yet) in the code (`Cfg::proposal`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proposal {
+    /// Redis records the holder's process ('!h') also when a plain attempt (the fast path,
+    /// HUB '') takes a free lock: `watching()` then knows the holder's process whenever
+    /// waiters queue.
+    PlainHolder,
+}
+
+impl Default for Cfg {
+    fn default() -> Cfg {
+        Cfg {
+            procs: 3,
+            wpp: 2,
+            ttl: 4,
+            claim: 2,
+            presence: 1,
+            wait: 6,
+            horizon: 8,
+            notice: 3,
+            cmd: 2,
+            own_claim: 4,
+            slack: 1,
+            losses: 0,
+            freezes: 0,
+            drops: 0,
+            kills: 0,
+            stalls: 0,
+            bug: Bug::None,
+            calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_STALL | CALM_RECOVER,
+            revert: None,
+            proposal: None,
+            no_cost: 0,
+        }
+    }
+}
+
+/// A small vector of fixed capacity, stored inline (a state is cloned at every step: no
+/// allocation). Unused slots stay `T::default()`, so the derived `Eq`/`Hash` see only the
+/// items.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Fifo<T: Copy + Default, const N: usize> {
+    len: u8,
+    items: [T; N],
+}
+
+impl<T: Copy + Default, const N: usize> Default for Fifo<T, N> {
+    fn default() -> Self {
+        Fifo {
+            len: 0,
+            items: [T::default(); N],
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Fifo<T, N> {
+    pub fn push(&mut self, x: T) {
+        assert!((self.len as usize) < N, "model capacity {N} exceeded");
+        self.items[self.len as usize] = x;
+        self.len += 1;
+    }
+    pub fn remove(&mut self, i: usize) -> T {
+        let n = self.len as usize;
+        assert!(i < n);
+        let x = self.items[i];
+        self.items.copy_within(i + 1..n, i);
+        self.items[n - 1] = T::default();
+        self.len -= 1;
+        x
+    }
+    /// Removes the first `k` items.
+    pub fn drain_front(&mut self, k: usize) {
+        let n = self.len as usize;
+        self.items.copy_within(k..n, 0);
+        for x in &mut self.items[n - k..n] {
+            *x = T::default();
+        }
+        self.len -= k as u8;
+    }
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::Deref for Fifo<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.items[..self.len as usize]
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::DerefMut for Fifo<T, N> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.items[..self.len as usize]
+    }
+}
+
+impl<T: Copy + Default, const N: usize> FromIterator<T> for Fifo<T, N> {
+    fn from_iter<I: IntoIterator<Item = T>>(it: I) -> Self {
+        let mut f = Self::default();
+        for x in it {
+            f.push(x);
+        }
+        f
+    }
+}
+
+/// Capacities: processes, waiters, messages in flight per connection, stalled calls.
+pub const MAXP: usize = 3;
+pub const MAXW: usize = 6;
+pub const MAXM: usize = 10;
+pub const MAXC: usize = 12;
+
+/// Lock states (`common.lua` header): taken free (`p`), held with waiters maybe queued (`q`),
+/// handed by a full grant not claimed yet (`h`), handed by a short grant not confirmed (`g`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LockSt {
+    P,
+    Q,
+    H,
+    G,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lock {
+    pub st: LockSt,
+    pub holder: W,
+    /// Redis expires the key when `now` reaches this.
+    pub exp: u8,
+}
+
+/// A process's field in the processes hash.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Rec {
+    /// No field.
+    #[default]
+    None,
+    /// Called on the key at this tick (fresh; becomes `Stale` after the presence window).
+    Seen(u8),
+    Stale,
+    /// 'x': its short grant lapsed unconfirmed; its waiters are skipped until it calls again.
+    Lapsed,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Run {
+    #[default]
+    Running,
+    /// Frozen for this many ticks so far (capped at `notice`).
+    Frozen(u8),
+    Killed,
+}
+
+/// One process: its run state, its connections, the hub's view, its processes-hash field.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Pr {
+    pub run: Run,
+    /// Redis counts its subscriber connection (false after a drop, until it is re-made).
+    pub sub: bool,
+    /// The hub's slot is `Confirmed` (false: `Pending`, its waiters wait for the wake-up).
+    pub slot_ok: bool,
+    /// Ghost: the process was frozen (its waiters may end late).
+    pub thawed: bool,
+    /// A message was lost: the hub wakes every waiter (lagged buffer, reconnect).
+    pub missed: bool,
+    /// Its client connection is stalled: calls wait in `late`, in order.
+    pub stalled: bool,
+    /// The stalled calls are being replayed (the rest follow before time passes).
+    pub draining: bool,
+    pub rec: Rec,
+}
+
+/// A message on a process's grant channel.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Msg {
+    /// `g2 <fence> <px> <grant time> <token>`
+    Grant { to: W, fence: u8, px: u8, at: u8 },
+    /// `w2 <px> <token>`: look at the lock in px.
+    Watch { to: W, px: u8 },
+    /// `d2`: "your waiters were dropped from the queue (your process was lapsed)".
+    #[default]
+    Dropped,
+}
+
+/// Leave flags: 'G' give back whatever the token holds; 'o' only an unclaimed grant with
+/// this fence.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Flag {
+    G,
+    O(u8),
+}
+
+/// A call waiting on a stalled connection. `awaited`: its caller still waits for the reply.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Call {
+    Acquire { w: W, member: bool, awaited: bool },
+    Extend { w: W, awaited: bool },
+    Release { w: W },
+    Leave { w: W, member: bool, flag: Flag },
+}
+
+impl Default for Call {
+    fn default() -> Call {
+        Call::Release { w: 0 }
+    }
+}
+
+/// The call a waiter waits for (on a stalled connection).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Inflight {
+    /// A queueing attempt.
+    Attempt { sent: u8 },
+    /// `full_lease`'s extend after an attempt found a lease shorter than the TTL.
+    /// `limit`: the attempt's time limit (`Waiting::limit` when it was sent), which the extend
+    /// has too.
+    Lease { fence: u8, sent: u8, limit: u8 },
+    /// `take_grant`'s confirmation of a grant.
+    Confirm { fence: u8, sent: u8 },
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GrantMsg {
+    pub fence: u8,
+    pub px: u8,
+    pub at: u8,
+}
+
+/// A waiter inside `wait`'s loop.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Wt {
+    pub deadline: u8,
+    /// The last attempt that left it queued: (latest fence then, Redis run tick − send tick).
+    pub anchor: Option<(u8, u8)>,
+    /// A watcher looks at this tick (0: due).
+    pub watch: Option<u8>,
+    /// Backoff after a failed attempt (0: due).
+    pub timer: Option<u8>,
+    /// The loop attempts next (`check = true`).
+    pub check: bool,
+    /// A stored `Notify` permit.
+    pub permit: bool,
+    /// The cell's mail.
+    pub grant: Option<GrantMsg>,
+    pub watch_msg: Option<u8>,
+    pub inflight: Option<Inflight>,
+    /// The cell's `hub_woke`: a wake-up from the hub (lost messages, reconnect, resume,
+    /// dropped waiters) came since the waiter last looked at its mail.
+    pub hub_wake: bool,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Ws {
+    /// Not started.
+    #[default]
+    Idle,
+    Waiting(Wt),
+    /// `acquire_wait` returned this guard. `bg`: a background confirm is due (the bugs).
+    Holding {
+        until: u8,
+        fence: u8,
+        bg: bool,
+    },
+    /// Returned (`WaitTimeout`, or the guard released, lost or killed).
+    Done,
+}
+
+pub const CALM_FREEZE: u8 = 1;
+pub const CALM_KILL: u8 = 2;
+pub const CALM_DROP: u8 = 4;
+pub const CALM_STALL: u8 = 8;
+pub const CALM_RELEASE: u8 = 16;
+/// A calm release, kill or subscriber drop may still interleave with its own process's urgent
+/// steps (its messages in flight, its waiters' reactions), not with other processes'.
+pub const CALM_OWN: u8 = 64;
+/// Resume, re-made subscriber connection, the start of a stalled connection's replay.
+pub const CALM_RECOVER: u8 = 32;
+
+/// The idle bound's incident costs (`Cfg::no_cost` switches one off, to show it is needed).
+/// A grant to a frozen process, or to one whose client connection is stalled: its lease.
+pub const COST_GRANT: u8 = 1;
+/// The holder's process is killed: the rest of its lease.
+pub const COST_KILL: u8 = 4;
+/// A subscriber connection drops while its process holds an unclaimed grant: the rest of it.
+pub const COST_DROP: u8 = 8;
+/// A call of the lock's holder (release, leave, confirm) waits on a stalled connection: the
+/// rest of the lease.
+pub const COST_STALLED_CALL: u8 = 16;
+/// A timed-out attempt runs later and takes the lock for a waiter that does not know: one
+/// tick (its backoff).
+pub const COST_LATE_ACQUIRE: u8 = 32;
+
+pub const LOSS: usize = 0;
+pub const FREEZE: usize = 1;
+pub const DROP: usize = 2;
+pub const KILL: usize = 3;
+pub const STALL: usize = 4;
+
+/// Ghost flags.
+pub const FENCE_REGRESS: u8 = 1;
+pub const FENCE_STALE: u8 = 2;
+pub const SHORT_RETURN: u8 = 4;
+pub const LATE_END: u8 = 8;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct St {
+    pub now: u8,
+    // Redis
+    pub lock: Option<Lock>,
+    /// Fence counter (0: no key yet), its queued hint and pending short-grant process.
+    pub fence: u8,
+    pub fence_q: bool,
+    pub fence_pending: Option<Pid>,
+    /// The queue, oldest first.
+    pub queue: Fifo<W, MAXW>,
+    /// '!w1', '!w2': (tick it looks, 0 = past; member).
+    pub watchers: [Option<(u8, W)>; 2],
+    /// '!h': the holder's process as Redis recorded it (a grant, or a queued attempt that took
+    /// the lock free); unknown after a plain attempt; kept when the lock expires or is
+    /// released (it may name a former holder); deleted with the processes hash.
+    pub holder_hub: Option<Pid>,
+    // processes
+    pub procs: Fifo<Pr, MAXP>,
+    /// Messages in flight, FIFO per subscriber connection.
+    pub chans: [Fifo<Msg, MAXM>; MAXP],
+    /// Calls on a stalled client connection, FIFO per process.
+    pub late: [Fifo<Call, MAXC>; MAXP],
+    pub ws: Fifo<Ws, MAXW>,
+    /// Fault budgets left: LOSS, FREEZE, DROP, KILL, STALL.
+    pub budget: [u8; 5],
+    // ghosts
+    /// Ticks since the last acquisition during which no guard was valid and a live waiter waited.
+    pub idle: u8,
+    /// The idle bound so far: the sum of the costs of the incidents since the last acquisition.
+    pub allowance: u8,
+    /// The highest fence of a returned guard.
+    pub top_fence: u8,
+    pub flags: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    Tick,
+    /// A waiter starts: the fast path (one plain attempt), then it registers.
+    Start(W),
+    /// A queueing attempt (`check`).
+    Attempt(W),
+    /// The loop wakes: a grant or watch message, a wake-up, its watch time, backoff, deadline.
+    Wake(W),
+    /// A call on a stalled connection reaches its time limit.
+    TimeOut(W),
+    /// The holder releases (or drops) its guard.
+    Release(W),
+    /// The bugs' background confirm.
+    BgConfirm(W),
+    /// The dispatcher delivers the head message of a process's subscriber connection.
+    Deliver(Pid),
+    Lose(Pid),
+    /// The hub notices a loss (lagged / reconnect) and wakes every waiter.
+    Notice(Pid),
+    Freeze(Pid),
+    Resume(Pid),
+    Kill(Pid),
+    SubDrop(Pid),
+    /// The subscriber connection is re-made and its channels confirmed; every waiter wakes.
+    Resub(Pid),
+    Stall(Pid),
+    /// Redis runs the next call of a stalled connection.
+    Replay(Pid),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// acquire {0}
+    Acquired(u8),
+    /// acquire {3}
+    Granted(u8),
+    /// acquire {1}
+    AlreadyHeld { fence: u8, remaining: u8 },
+    /// acquire {2, pttl, 0(, 1)} or {2, pttl, 1, listening, fence, watching, time, depth}
+    Locked {
+        remaining: u8,
+        queued: Option<Queued>,
+    },
+    /// release/extend/leave {0}
+    NotHeld,
+    /// extend {1, fence}: renewed, the fence of the hold
+    Renewed(u8),
+    /// extend {3, fence}: a short grant confirmed
+    Confirmed(u8),
+    /// release {1} / {2}, leave {2}
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub fence: u8,
+    pub deaf: bool,
+    pub watcher: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    Me,
+    Granted,
+    Empty,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Status {
+    Gone,
+    Stale,
+    Fresh,
+}
+
+/// The model (Sync: the latches are atomics).
+pub struct Queue {
+    pub cfg: Cfg,
+    /// Report only the first violation of each property (shortest traces with 1-thread BFS).
+    pub first_only: bool,
+    pub latched: [AtomicBool; 10],
+}
+
+const CAP: u8 = 40;
+
+fn clamp(now: u8, at: u8) -> u8 {
+    if at <= now {
+        0
+    } else {
+        at
+    }
+}
+
+impl Queue {
+    pub fn new(cfg: Cfg) -> Queue {
+        Queue {
+            cfg,
+            first_only: false,
+            latched: Default::default(),
+        }
+    }
+
+    /// Whether `r`'s behaviour is taken back to before its fix.
+    fn reverted(&self, r: Revert) -> bool {
+        self.cfg.revert == Some(r)
+    }
+
+    fn latch(&self, i: usize, ok: bool) -> bool {
+        if ok || !self.first_only {
+            return ok;
+        }
+        self.latched[i].swap(true, Relaxed)
+    }
+
+    /// Clears the latches (before `assert_discovery`, which re-evaluates the property).
+    pub fn unlatch(&self) {
+        for l in &self.latched {
+            l.store(false, Relaxed);
+        }
+    }
+
+    fn nw(&self) -> usize {
+        (self.cfg.procs * self.cfg.wpp) as usize
+    }
+    fn np(&self) -> usize {
+        self.cfg.procs as usize
+    }
+    /// The process of waiter `w`.
+    pub fn pw(&self, w: W) -> usize {
+        (w / self.cfg.wpp) as usize
+    }
+    fn waiters(&self, p: usize) -> impl Iterator<Item = usize> {
+        let wpp = self.cfg.wpp as usize;
+        p * wpp..(p + 1) * wpp
+    }
+    fn running(&self, s: &St, p: usize) -> bool {
+        s.procs[p].run == Run::Running
+    }
+    fn registered(&self, s: &St, p: usize) -> bool {
+        self.waiters(p).any(|w| matches!(s.ws[w], Ws::Waiting(_)))
+    }
+    fn wt(s: &St, w: usize) -> Wt {
+        match s.ws[w] {
+            Ws::Waiting(t) => t,
+            other => panic!("waiter {w} is not waiting: {other:?}"),
+        }
+    }
+
+    // ---------------------------------------------------------------- Redis (the scripts)
+
+    // mirrors common.lua -> slow -> listener(hub): somebody listens on the process's grant
+    // channel (its subscriber connection is up and a waiter of it is registered on the key)
+    fn listener(&self, s: &St, p: usize) -> bool {
+        let pr = s.procs[p];
+        pr.sub && pr.run != Run::Killed && self.registered(s, p)
+    }
+
+    // mirrors common.lua -> slow -> process(hub): gone (lapsed 'x', or nobody listens), fresh
+    // (seen within the presence window) or stale
+    fn process(&self, s: &St, p: usize) -> Status {
+        let pr = s.procs[p];
+        if pr.rec == Rec::Lapsed || !self.listener(s, p) {
+            return Status::Gone;
+        }
+        match pr.rec {
+            Rec::Seen(t) if s.now - t <= self.cfg.presence => Status::Fresh,
+            _ => Status::Stale,
+        }
+    }
+
+    // mirrors common.lua -> slow -> seen(hub)
+    fn seen(&self, s: &mut St, hub: Option<usize>) {
+        if let Some(p) = hub {
+            s.procs[p].rec = Rec::Seen(s.now);
+        }
+    }
+
+    // mirrors common.lua -> slow -> lapse(hub): only if the processes hash exists
+    fn lapse(&self, s: &mut St, p: usize) {
+        let exists = s.procs.iter().any(|pr| pr.rec != Rec::None)
+            || s.watchers.iter().any(|w| w.is_some())
+            || s.holder_hub.is_some();
+        if exists {
+            s.procs[p].rec = Rec::Lapsed;
+        }
+    }
+
+    /// `DEL KEYS[4]`: the processes hash, watchers included.
+    fn del_pkey(&self, s: &mut St) {
+        for pr in s.procs.iter_mut() {
+            pr.rec = Rec::None;
+        }
+        s.watchers = [None, None];
+        s.holder_hub = None;
+    }
+
+    // mirrors common.lua -> next_fence(queued, hub)
+    fn next_fence(&self, s: &mut St, queued: bool, pending: Option<Pid>) -> u8 {
+        s.fence += 1;
+        s.fence_q = queued;
+        s.fence_pending = pending;
+        s.fence
+    }
+
+    // mirrors common.lua -> slow -> fence_flags(queued, hub): the fence's hints, same number
+    fn fence_flags(&self, s: &mut St, queued: bool, pending: Option<Pid>) -> u8 {
+        s.fence_q = queued;
+        s.fence_pending = pending;
+        s.fence
+    }
+
+    // mirrors common.lua -> slow -> held_by_caller(): '!h' = HUB, or HDEL when HUB is ''
+    fn held_by_caller(&self, s: &mut St, hub: Option<usize>) {
+        s.holder_hub = hub.map(|p| p as Pid);
+    }
+
+    // mirrors common.lua -> slow -> serve(self): hand the lock to the oldest live waiter
+    fn serve(&self, s: &mut St, me: Option<W>) -> Served {
+        let (ttl, claim) = (self.cfg.ttl, self.cfg.claim);
+        let mut i = 0;
+        let mut told = 0u32;
+        while i < s.queue.len() {
+            let head = s.queue[i];
+            if Some(head) == me {
+                s.queue.drain_front(i + 1);
+                return Served::Me;
+            }
+            let p = self.pw(head);
+            let st = self.process(s, p);
+            if s.procs[p].rec == Rec::Lapsed
+                && told & (1 << p) == 0
+                && !self.reverted(Revert::F2Lapse)
+            {
+                // `p.lapsed and not p.told`: a process whose waiters are dropped is told so
+                // ('d2') if it still listens
+                told |= 1 << p;
+                if self.listener(s, p) {
+                    s.chans[p].push(Msg::Dropped);
+                }
+            }
+            if st != Status::Gone {
+                s.queue.drain_front(i + 1);
+                let full = st == Status::Fresh && self.cfg.bug != Bug::ShortLeaseBackgroundConfirm;
+                let px = if full { ttl } else { ttl.min(claim) };
+                let more = !s.queue.is_empty();
+                let pending = if more && !full { Some(p as Pid) } else { None };
+                let f = self.next_fence(s, more, pending);
+                s.lock = Some(Lock {
+                    st: if full { LockSt::H } else { LockSt::G },
+                    holder: head,
+                    exp: s.now + px,
+                });
+                s.holder_hub = Some(p as Pid); // HSET pkey '!h' hub
+                s.chans[p].push(Msg::Grant {
+                    to: head,
+                    fence: f,
+                    px,
+                    at: s.now,
+                });
+                self.watch(s, Some(p), px, false);
+                // Idle cost: a grant to a frozen process waits (at most) its whole lease.
+                if matches!(s.procs[p].run, Run::Frozen(_)) || s.procs[p].stalled {
+                    // a grant to a frozen process, or to one whose calls (the confirm) are
+                    // held up: it waits out its lease
+                    self.charge(s, COST_GRANT, px);
+                }
+                return Served::Granted;
+            }
+            i += 1;
+        }
+        // Every member scanned was dropped (the model scans without the 200 bound).
+        s.queue.clear();
+        Served::Empty
+    }
+
+    // mirrors common.lua -> slow -> watch(skip, px, later): keep two watchers of other processes
+    fn watch(&self, s: &mut St, skip: Option<usize>, px: u8, later: bool) {
+        let until = s.now + px;
+        let stat: Vec<Status> = (0..self.np()).map(|p| self.process(s, p)).collect();
+        let mut cands: Vec<(W, Option<u8>)> = Vec::with_capacity(8);
+        for f in 0..2 {
+            if let Some((at, m)) = s.watchers[f] {
+                if s.queue.contains(&m) {
+                    cands.push((m, Some(at)));
+                }
+            }
+        }
+        for &m in s.queue.iter().rev().take(16) {
+            cands.push((m, None));
+        }
+        let mut chosen: Vec<(W, Option<u8>)> = Vec::with_capacity(2);
+        let mut hubs = 0u32;
+        let mut pick = |fresh_only: bool, allow_skip: bool, chosen: &mut Vec<(W, Option<u8>)>| {
+            for &(m, at) in &cands {
+                if chosen.len() == 2 {
+                    return;
+                }
+                let wp = self.pw(m);
+                if hubs & (1 << wp) == 0 && (allow_skip || Some(wp) != skip) {
+                    let st = stat[wp];
+                    if st != Status::Gone && (st == Status::Fresh || !fresh_only) {
+                        hubs |= 1 << wp;
+                        chosen.push((m, at));
+                    }
+                }
+            }
+        };
+        pick(true, false, &mut chosen);
+        pick(false, false, &mut chosen);
+        if chosen.is_empty() {
+            pick(false, true, &mut chosen);
+        }
+        s.watchers = [None, None];
+        for (i, (m, at)) in chosen.into_iter().enumerate() {
+            // a kept watcher is told again if it would look later than the lease ends (with
+            // `later`, a refresh: also earlier)
+            let at = match at {
+                Some(a) if until >= a && !(later && until > a) => a,
+                _ => {
+                    s.chans[self.pw(m)].push(Msg::Watch { to: m, px });
+                    until
+                }
+            };
+            s.watchers[i] = Some((clamp(s.now, at), m));
+        }
+    }
+
+    // mirrors common.lua -> slow -> watching(pttl): is the new member a watcher?
+    fn watching(&self, s: &mut St, m: W, pttl: u8) -> bool {
+        let field = if self.reverted(Revert::F1Watchers) {
+            // before F1's fix: its own field, else the first free one
+            (0..2)
+                .find(|&f| matches!(s.watchers[f], Some((_, o)) if o == m))
+                .or_else(|| (0..2).find(|&f| s.watchers[f].is_none()))
+        } else {
+            let hub = self.pw(m);
+            let hubs = s.watchers.map(|x| x.map(|(_, o)| self.pw(o)));
+            // `fits(i)`: the other field's watcher is not of the caller's process
+            let fits = |f: usize| hubs[1 - f] != Some(hub);
+            (0..2)
+                .find(|&f| matches!(s.watchers[f], Some((_, o)) if o == m))
+                .or_else(|| (0..2).find(|&f| s.watchers[f].is_none() && fits(f)))
+                .or_else(|| {
+                    // HGET pkey '!h': replace a watcher of the holder's process, if known
+                    let holder = s.holder_hub.map(|h| h as usize).filter(|&h| h != hub)?;
+                    (0..2).find(|&f| hubs[f] == Some(holder) && fits(f))
+                })
+        };
+        let Some(f) = field else { return false };
+        s.watchers[f] = Some((clamp(s.now, s.now + pttl), m));
+        true
+    }
+
+    // mirrors common.lua -> slow -> enqueue(pttl)
+    fn enqueue(&self, s: &mut St, w: W, pttl: u8) -> Reply {
+        let p = self.pw(w);
+        self.seen(s, Some(p));
+        if !s.queue.contains(&w) {
+            s.queue.push(w);
+        }
+        self.fence_flags(s, true, s.fence_pending);
+        let deaf = !self.listener(s, p);
+        let watcher = self.watching(s, w, pttl);
+        Reply::Locked {
+            remaining: pttl,
+            queued: Some(Queued {
+                fence: s.fence,
+                deaf,
+                watcher,
+            }),
+        }
+    }
+
+    // mirrors src/redis/lua/acquire.lua (with MEMBER when `member`; HUB is '' without it)
+    fn acquire(&self, s: &mut St, w: W, member: bool) -> Reply {
+        let p = self.pw(w);
+        let hub = if member { Some(p) } else { None };
+        let now = s.now;
+        match s.lock {
+            None => {
+                s.lock = Some(Lock {
+                    st: LockSt::P,
+                    holder: w,
+                    exp: now + self.cfg.ttl,
+                });
+                let (old_q, old_pending) = (s.fence_q, s.fence_pending);
+                let f = self.next_fence(s, false, None);
+                if !old_q {
+                    return Reply::Acquired(f);
+                }
+                if let Some(pp) = old_pending {
+                    if Some(pp as usize) != hub {
+                        self.lapse(s, pp as usize);
+                    }
+                }
+                self.seen(s, hub);
+                match self.serve(s, if member { Some(w) } else { None }) {
+                    Served::Me | Served::Empty => {
+                        let more = !s.queue.is_empty();
+                        if more {
+                            s.lock.as_mut().unwrap().st = LockSt::Q;
+                            self.held_by_caller(s, hub);
+                        } else {
+                            self.del_pkey(s);
+                        }
+                        self.fence_flags(s, more, None);
+                        Reply::Acquired(f)
+                    }
+                    Served::Granted => {
+                        let px = s.lock.unwrap().exp - now;
+                        if !member {
+                            return Reply::Locked {
+                                remaining: px,
+                                queued: None,
+                            };
+                        }
+                        self.enqueue(s, w, px)
+                    }
+                }
+            }
+            Some(l) if l.holder == w => {
+                if l.st == LockSt::G {
+                    return Reply::Granted(self.confirm_grant(s, w));
+                }
+                if l.st == LockSt::H {
+                    s.lock.as_mut().unwrap().st = LockSt::Q;
+                }
+                Reply::AlreadyHeld {
+                    fence: s.fence,
+                    remaining: l.exp - now,
+                }
+            }
+            Some(l) => {
+                let pttl = l.exp - now;
+                if !member {
+                    return Reply::Locked {
+                        remaining: pttl,
+                        queued: None,
+                    };
+                }
+                if l.st == LockSt::P {
+                    s.lock.as_mut().unwrap().st = LockSt::Q;
+                    if self.cfg.proposal == Some(Proposal::PlainHolder) {
+                        // the proposal: the first waiter queued behind a plain hold records
+                        // its holder's process (known from the lock, or the fence, value)
+                        s.holder_hub = Some(self.pw(l.holder) as Pid);
+                    }
+                }
+                self.enqueue(s, w, pttl)
+            }
+        }
+    }
+
+    // mirrors common.lua -> slow -> confirm_grant
+    fn confirm_grant(&self, s: &mut St, w: W) -> u8 {
+        s.lock = Some(Lock {
+            st: LockSt::Q,
+            holder: w,
+            exp: s.now + self.cfg.ttl,
+        });
+        self.seen(s, Some(self.pw(w)));
+        self.fence_flags(s, s.fence_q, None)
+    }
+
+    // mirrors src/redis/lua/release.lua (HUB: the guard's process)
+    fn release(&self, s: &mut St, w: W) -> Reply {
+        let Some(l) = s.lock else {
+            if s.fence_q && !self.reverted(Revert::F5Release) {
+                // The lease ran out before this release and nobody took the lock, waiters
+                // queued: lapse a pending short grant (not the caller's process), SET the lock
+                // 'q'..TOKEN PX CLAIM and release_held('q'): serve them, or delete everything.
+                // No `seen(HUB)`, no fence for the caller; the reply is {0} (or {0, 4}).
+                if let Some(pp) = s.fence_pending {
+                    if pp as usize != self.pw(w) {
+                        self.lapse(s, pp as usize);
+                    }
+                }
+                s.lock = Some(Lock {
+                    st: LockSt::Q,
+                    holder: w,
+                    exp: s.now + self.cfg.ttl.min(self.cfg.claim),
+                });
+                self.release_held(s, LockSt::Q);
+            }
+            return Reply::NotHeld;
+        };
+        if l.holder != w {
+            return Reply::NotHeld;
+        }
+        if l.st == LockSt::P {
+            s.lock = None;
+            return Reply::Done;
+        }
+        self.seen(s, Some(self.pw(w)));
+        self.release_held(s, l.st)
+    }
+
+    // mirrors common.lua -> slow -> release_held(state): serve the queue or delete
+    fn release_held(&self, s: &mut St, st: LockSt) -> Reply {
+        if st != LockSt::P {
+            if self.serve(s, None) == Served::Granted {
+                return Reply::Done;
+            }
+            self.fence_flags(s, false, None);
+            self.del_pkey(s);
+        }
+        s.lock = None;
+        Reply::Done
+    }
+
+    // mirrors src/redis/lua/extend.lua: `{3, fence}` a short grant confirmed, `{1, fence}` renewed;
+    // the watchers are told when the lease now ends (`watch(nil, TTL, true)`)
+    fn extend(&self, s: &mut St, w: W) -> Reply {
+        let Some(l) = s.lock else {
+            return Reply::NotHeld;
+        };
+        if l.holder != w {
+            return Reply::NotHeld;
+        }
+        let ttl = self.cfg.ttl;
+        if l.st == LockSt::G {
+            let f = self.confirm_grant(s, w);
+            self.watch(s, None, ttl, true);
+            return Reply::Confirmed(f);
+        }
+        let lock = s.lock.as_mut().unwrap();
+        if l.st == LockSt::H {
+            lock.st = LockSt::Q;
+        }
+        lock.exp = s.now + ttl;
+        if l.st != LockSt::P {
+            self.watch(s, None, ttl, true);
+        }
+        // {1, fence} (GETEX: the fence counter outlives every hold in the model)
+        Reply::Renewed(s.fence)
+    }
+
+    // mirrors src/redis/lua/leave.lua (the model's leaves: the queue residue's 'G', the
+    // dispatcher's 'o' for a grant whose waiter has gone)
+    fn leave(&self, s: &mut St, w: W, member: bool, flag: Flag) -> Reply {
+        if member {
+            if let Some(i) = s.queue.iter().position(|&m| m == w) {
+                s.queue.remove(i);
+                let pttl = s.lock.map_or(0, |l| l.exp - s.now);
+                self.watch(s, None, pttl, false);
+            }
+        }
+        let Some(l) = s.lock else {
+            return Reply::NotHeld;
+        };
+        if l.holder != w {
+            return Reply::NotHeld;
+        }
+        if let Flag::O(f) = flag {
+            if !matches!(l.st, LockSt::H | LockSt::G) || s.fence != f {
+                return Reply::NotHeld;
+            }
+        }
+        self.release_held(s, l.st)
+    }
+
+    fn run_call(&self, s: &mut St, c: Call) -> Reply {
+        match c {
+            Call::Acquire { w, member, .. } => self.acquire(s, w, member),
+            Call::Extend { w, .. } => self.extend(s, w),
+            Call::Release { w } => self.release(s, w),
+            Call::Leave { w, member, flag } => self.leave(s, w, member, flag),
+        }
+    }
+
+    // ---------------------------------------------------------------- ghosts
+
+    fn charge(&self, s: &mut St, kind: u8, ticks: u8) {
+        if self.cfg.no_cost & kind != 0 {
+            return;
+        }
+        s.allowance = s.allowance.saturating_add(ticks).min(CAP);
+    }
+
+    fn valid(&self, s: &St, w: usize) -> bool {
+        matches!(s.ws[w], Ws::Holding { until, .. } if s.now < until)
+    }
+
+    /// The idle cost of the lock held by a waiter of `p` that cannot pass it on now.
+    fn charge_hold_of(&self, s: &mut St, p: usize, guard_gone: bool, kind: u8) {
+        let Some(l) = s.lock else { return };
+        if self.pw(l.holder) != p {
+            return;
+        }
+        let from = match s.ws[l.holder as usize] {
+            Ws::Holding { until, .. } if !guard_gone => until.max(s.now),
+            _ => s.now,
+        };
+        self.charge(s, kind, l.exp.saturating_sub(from));
+    }
+
+    /// `acquire_wait` returns a guard.
+    fn guard(&self, s: &mut St, w: usize, fence: u8, until: u8, reference: u8, bg: bool) {
+        if (until as u16) + (self.cfg.slack as u16) < reference as u16 + self.cfg.ttl as u16 {
+            s.flags |= SHORT_RETURN;
+        }
+        if fence <= s.top_fence {
+            s.flags |= FENCE_REGRESS;
+        }
+        if fence != s.fence {
+            s.flags |= FENCE_STALE;
+        }
+        s.top_fence = s.top_fence.max(fence);
+        s.ws[w] = Ws::Holding { until, fence, bg };
+        s.idle = 0;
+        s.allowance = 0;
+    }
+
+    // ---------------------------------------------------------------- the client
+
+    /// A call on the process's client: runs now, or waits on the stalled connection.
+    fn issue(&self, s: &mut St, w: usize, c: Call) -> Option<Reply> {
+        let p = self.pw(w as W);
+        if s.procs[p].stalled {
+            // Idle cost: the lock's holder cannot pass it on while its call waits.
+            if let Some(l) = s.lock {
+                if l.holder as usize == w && !self.valid(s, w) {
+                    self.charge(s, COST_STALLED_CALL, l.exp - s.now);
+                }
+            }
+            s.late[p].push(c);
+            None
+        } else {
+            Some(self.run_call(s, c))
+        }
+    }
+
+    /// Wakes every registered waiter of `p` (`wake_all` / `wake_channel`: one key).
+    fn wake_all(&self, s: &mut St, p: usize) {
+        for w in self.waiters(p) {
+            if let Ws::Waiting(t) = &mut s.ws[w] {
+                t.permit = true;
+                // Cell::wake with a reason other than Notification / Watch sets `hub_woke`
+                t.hub_wake = !self.reverted(Revert::F4Wake);
+            }
+        }
+    }
+
+    // mirrors src/wait/notify/mod.rs -> wait: fast path, then register
+    fn start(&self, s: &mut St, w: usize) {
+        let p = self.pw(w as W);
+        let siblings = self.registered(s, p);
+        if !siblings && !s.procs[p].stalled {
+            // `if !hub.listening(&channel)`: one plain attempt (acquire.lua, no MEMBER, HUB '')
+            if let Reply::Acquired(f) = self.acquire(s, w as W, false) {
+                let now = s.now;
+                self.guard(s, w, f, now + self.cfg.ttl, now, false);
+                return;
+            }
+        }
+        if !siblings {
+            // A new slot: Pending until the subscription is confirmed (at once while connected).
+            s.procs[p].slot_ok = s.procs[p].sub;
+        }
+        s.ws[w] = Ws::Waiting(Wt {
+            deadline: s.now + self.cfg.wait,
+            check: true,
+            ..Wt::default()
+        });
+    }
+
+    // mirrors src/wait/notify/mod.rs -> wait: `if check` (an attempt with the member)
+    fn attempt(&self, s: &mut St, w: usize) {
+        let p = self.pw(w as W);
+        let mut t = Self::wt(s, w);
+        t.check = false;
+        if !s.procs[p].slot_ok {
+            // SubState::Pending: no attempt, no watch time (`watch = None`), the timer at the
+            // deadline: it waits for the hub's wake-up at the confirmation (or the deadline).
+            t.watch = None;
+            t.timer = None;
+            s.ws[w] = Ws::Waiting(t);
+            return;
+        }
+        if s.procs[p].stalled {
+            t.inflight = Some(Inflight::Attempt { sent: s.now });
+            s.ws[w] = Ws::Waiting(t);
+            self.issue(
+                s,
+                w,
+                Call::Acquire {
+                    w: w as W,
+                    member: true,
+                    awaited: true,
+                },
+            );
+            return;
+        }
+        s.ws[w] = Ws::Waiting(t);
+        let r = self.acquire(s, w as W, true);
+        let now = s.now;
+        self.on_attempt(s, w, r, now);
+    }
+
+    // mirrors src/wait/mod.rs -> Waiting::attempt (the reply) and wait's `match step`
+    fn on_attempt(&self, s: &mut St, w: usize, r: Reply, sent: u8) {
+        let p = self.pw(w as W);
+        let mut t = Self::wt(s, w);
+        t.inflight = None;
+        s.ws[w] = Ws::Waiting(t);
+        let ttl = self.cfg.ttl;
+        match r {
+            Reply::Acquired(f) | Reply::Granted(f) => self.full_lease(s, w, f, sent + ttl, sent),
+            Reply::AlreadyHeld { fence, remaining } => {
+                self.full_lease(s, w, fence, sent + remaining, sent)
+            }
+            Reply::Locked {
+                remaining,
+                queued: Some(q),
+            } => {
+                t.anchor = Some((q.fence, s.now - sent));
+                t.timer = None;
+                if q.deaf {
+                    // hub.lost_subscription: Pending until the subscription is made again; the
+                    // loop checks again at once and finds it Pending (`watch = None`)
+                    s.procs[p].slot_ok = false;
+                    t.watch = None;
+                } else {
+                    t.watch = if q.watcher {
+                        Some(s.now + remaining)
+                    } else {
+                        None
+                    };
+                }
+                s.ws[w] = Ws::Waiting(t);
+            }
+            other => panic!("attempt with a member replied {other:?}"),
+        }
+    }
+
+    /// `Waiting::limit` of a call sent at `sent`: the command timeout, cut to the deadline (the
+    /// 5 ms grace is below a tick). F6 reverted: the command timeout.
+    fn limit(&self, t: &Wt, sent: u8, f6: bool) -> u8 {
+        if f6 && self.reverted(Revert::F6Limit) {
+            return self.cfg.cmd;
+        }
+        self.cfg.cmd.min(t.deadline.saturating_sub(sent))
+    }
+
+    // mirrors src/wait/mod.rs -> Request::full_lease (after Waiting::attempt, with its limit)
+    fn full_lease(&self, s: &mut St, w: usize, fence: u8, until: u8, sent: u8) {
+        if until >= s.now + self.cfg.ttl {
+            self.guard(s, w, fence, until, sent, false);
+            return;
+        }
+        let limit = self.limit(&Self::wt(s, w), sent, true);
+        self.extend_then(
+            s,
+            w,
+            Inflight::Lease {
+                fence,
+                sent: s.now,
+                limit,
+            },
+        );
+    }
+
+    /// The extend of `full_lease` (after an attempt, or to confirm a grant).
+    fn extend_then(&self, s: &mut St, w: usize, kind: Inflight) {
+        let p = self.pw(w as W);
+        if s.procs[p].stalled {
+            let mut t = Self::wt(s, w);
+            t.inflight = Some(kind);
+            s.ws[w] = Ws::Waiting(t);
+            self.issue(
+                s,
+                w,
+                Call::Extend {
+                    w: w as W,
+                    awaited: true,
+                },
+            );
+            return;
+        }
+        let r = self.extend(s, w as W);
+        self.on_extend(s, w, r, kind);
+    }
+
+    // mirrors full_lease's `match engine.extend_on(..)`, then attempt's / wait's handling
+    fn on_extend(&self, s: &mut St, w: usize, r: Reply, kind: Inflight) {
+        let p = self.pw(w as W);
+        let mut t = Self::wt(s, w);
+        t.inflight = None;
+        let (fence, sent, confirm) = match kind {
+            Inflight::Lease { fence, sent, .. } => (fence, sent, false),
+            Inflight::Confirm { fence, sent } => (fence, sent, true),
+            Inflight::Attempt { .. } => unreachable!(),
+        };
+        let ttl = self.cfg.ttl;
+        match r {
+            Reply::NotHeld if confirm => {
+                // take_grant's Ok(None): the grant lapsed; every waiter of the key looks again
+                t.check = true;
+                s.ws[w] = Ws::Waiting(t);
+                self.wake_all(s, p);
+            }
+            Reply::NotHeld => {
+                // attempt's Ok(None) => Step::Failed: the backoff
+                t.timer = Some((s.now + 1).min(t.deadline));
+                s.ws[w] = Ws::Waiting(t);
+            }
+            // {1, fence}: the fence of the hold as Redis has it (F3 reverted: {1}, and the
+            // guard keeps the fence in hand, the message's or the attempt's)
+            Reply::Renewed(f) => {
+                let fence = if self.reverted(Revert::F3Fence) {
+                    fence
+                } else {
+                    f
+                };
+                self.guard(s, w, fence, sent + ttl, sent, false)
+            }
+            Reply::Confirmed(f) => self.guard(s, w, f, sent + ttl, sent, false),
+            other => panic!("extend replied {other:?}"),
+        }
+    }
+
+    // mirrors src/wait/notify/mod.rs -> take_grant
+    fn take_grant(&self, s: &mut St, w: usize, g: GrantMsg) {
+        let t = Self::wt(s, w);
+        let ttl = self.cfg.ttl;
+        let px = match self.cfg.bug {
+            Bug::OwnClaimWindow => ttl.min(self.cfg.own_claim),
+            _ => g.px,
+        };
+        let lag = t.anchor.map_or(0, |a| a.1) as i16;
+        let until = g.at as i16 - lag + px as i16;
+        let now = s.now as i16;
+        match self.cfg.bug {
+            Bug::ShortLeaseBackgroundConfirm => {
+                // the old fast path: used at once while some of the window is left
+                if until > now {
+                    self.guard(s, w, g.fence, until as u8, s.now, true);
+                    return;
+                }
+            }
+            _ => {
+                if px >= ttl && t.anchor.is_some() && until >= now + ttl as i16 {
+                    self.guard(s, w, g.fence, until as u8, s.now, false);
+                    return;
+                }
+            }
+        }
+        self.extend_then(
+            s,
+            w,
+            Inflight::Confirm {
+                fence: g.fence,
+                sent: s.now,
+            },
+        );
+    }
+
+    // mirrors src/wait/notify/mod.rs -> wait: after the select (take_grant, take_hub_wake,
+    // take_watch, the deadline)
+    fn wake(&self, s: &mut St, w: usize) {
+        let mut t = Self::wt(s, w);
+        t.permit = false;
+        if let Some(g) = t.grant.take() {
+            if t.anchor.is_none_or(|a| g.fence > a.0) {
+                s.ws[w] = Ws::Waiting(t);
+                self.take_grant(s, w, g);
+                if let Ws::Waiting(t) = &mut s.ws[w] {
+                    if t.inflight.is_none() {
+                        t.check = true; // `check = true; continue`
+                    }
+                }
+                return;
+            }
+        }
+        // `cell.take_hub_wake()` (after the grant: a grant taken leaves the flag for later)
+        let hub_wake = std::mem::take(&mut t.hub_wake);
+        if let Some(px) = t.watch_msg.take() {
+            t.watch = Some(s.now + px);
+            // `check = hub_woke`: a hub wake always makes it look (F4 reverted: never here)
+            t.check = hub_wake;
+        } else {
+            t.check = true;
+        }
+        if s.now >= t.deadline {
+            // WaitTimeout; the queue residue leaves in the background ('G')
+            s.ws[w] = Ws::Done;
+            self.issue(
+                s,
+                w,
+                Call::Leave {
+                    w: w as W,
+                    member: true,
+                    flag: Flag::G,
+                },
+            );
+        } else {
+            s.ws[w] = Ws::Waiting(t);
+        }
+    }
+
+    fn timeout_at(&self, t: &Wt, i: Inflight) -> u8 {
+        match i {
+            Inflight::Attempt { sent } => sent + self.limit(t, sent, false),
+            Inflight::Lease { sent, limit, .. } => sent + limit,
+            // take_grant's limit: `w.limit(..)` when the grant is taken
+            Inflight::Confirm { sent, .. } => sent + self.limit(t, sent, true),
+        }
+    }
+
+    fn wake_due(&self, s: &St, t: &Wt) -> bool {
+        let due = |x: Option<u8>| x.is_some_and(|v| v <= s.now);
+        t.permit || s.now >= t.deadline || due(t.timer) || due(t.watch)
+    }
+
+    // ---------------------------------------------------------------- properties' helpers
+
+    pub fn valid_holders(&self, s: &St) -> usize {
+        (0..self.nw()).filter(|&w| self.valid(s, w)).count()
+    }
+
+    fn live_waiter(&self, s: &St) -> bool {
+        (0..self.nw()).any(|w| {
+            let p = self.pw(w as W);
+            matches!(s.ws[w], Ws::Waiting(_))
+                && self.running(s, p)
+                && s.procs[p].sub
+                && !s.procs[p].stalled
+        })
+    }
+
+    /// Time is about to pass while a waiter of a process that never froze is still waiting
+    /// at or after its deadline (its deadline step is urgent: it should have returned).
+    fn late_waiter(&self, s: &St) -> bool {
+        (0..self.nw()).any(|w| {
+            let p = self.pw(w as W);
+            match s.ws[w] {
+                Ws::Waiting(t) => {
+                    s.now >= t.deadline && s.procs[p].run == Run::Running && !s.procs[p].thawed
+                }
+                _ => false,
+            }
+        })
+    }
+
+    fn quiescent(&self, s: &St) -> bool {
+        s.ws.iter().all(|w| *w == Ws::Done)
+            && s.late.iter().all(|l| l.is_empty())
+            && s.chans.iter().all(|c| c.is_empty())
+    }
+
+    fn left_behind(&self, s: &St) -> bool {
+        let killed = |w: W| s.procs[self.pw(w)].run == Run::Killed;
+        s.queue.iter().any(|&m| !killed(m)) || s.lock.is_some_and(|l| !killed(l.holder))
+    }
+}
+
+impl Model for Queue {
+    type State = St;
+    type Action = Act;
+
+    fn init_states(&self) -> Vec<St> {
+        let c = &self.cfg;
+        vec![St {
+            now: 0,
+            lock: None,
+            fence: 0,
+            fence_q: false,
+            fence_pending: None,
+            queue: Fifo::default(),
+            watchers: [None, None],
+            holder_hub: None,
+            procs: (0..self.np())
+                .map(|_| Pr {
+                    run: Run::Running,
+                    sub: true,
+                    slot_ok: true,
+                    thawed: false,
+                    missed: false,
+                    stalled: false,
+                    draining: false,
+                    rec: Rec::None,
+                })
+                .collect(),
+            chans: Default::default(),
+            late: Default::default(),
+            ws: (0..self.nw()).map(|_| Ws::Idle).collect(),
+            budget: [c.losses, c.freezes, c.drops, c.kills, c.stalls],
+            idle: 0,
+            allowance: 0,
+            top_fence: 0,
+            flags: 0,
+        }]
+    }
+
+    fn actions(&self, s: &St, out: &mut Vec<Act>) {
+        let mut urgent = false;
+        // urgent steps pending, per process (a release may interleave with its own process's)
+        let mut busy = 0u32;
+        let mut calm: Vec<Act> = Vec::new();
+        for w in 0..self.nw() {
+            let p = self.pw(w as W);
+            if !self.running(s, p) {
+                continue;
+            }
+            let a = w as W;
+            match s.ws[w] {
+                Ws::Idle => {
+                    urgent = true;
+                    busy |= 1 << p;
+                    out.push(Act::Start(a));
+                }
+                Ws::Waiting(t) => {
+                    if let Some(i) = t.inflight {
+                        if s.now >= self.timeout_at(&t, i) {
+                            urgent = true;
+                            busy |= 1 << p;
+                            out.push(Act::TimeOut(a));
+                        }
+                    } else if t.check {
+                        urgent = true;
+                        busy |= 1 << p;
+                        out.push(Act::Attempt(a));
+                    } else if self.wake_due(s, &t) {
+                        urgent = true;
+                        busy |= 1 << p;
+                        out.push(Act::Wake(a));
+                    }
+                }
+                Ws::Holding { until, bg, .. } => {
+                    // A holder releases before its lease ends (one that does not is frozen,
+                    // killed or stalled: the faults).
+                    if s.now + 1 >= until {
+                        urgent = true;
+                        busy |= 1 << p;
+                        out.push(Act::Release(a));
+                    } else {
+                        calm.push(Act::Release(a));
+                    }
+                    if bg && s.now < until && !s.procs[p].stalled {
+                        out.push(Act::BgConfirm(a));
+                    }
+                }
+                Ws::Done => {}
+            }
+        }
+        for p in 0..self.np() {
+            let pr = s.procs[p];
+            let a = p as Pid;
+            let running = pr.run == Run::Running;
+            if !s.chans[p].is_empty() {
+                if running {
+                    urgent = true;
+                    busy |= 1 << p;
+                    out.push(Act::Deliver(a));
+                }
+                if s.budget[LOSS] > 0 {
+                    out.push(Act::Lose(a));
+                }
+            }
+            if running && pr.missed {
+                urgent = true;
+                busy |= 1 << p;
+                out.push(Act::Notice(a));
+            }
+            if running && pr.stalled {
+                if pr.draining {
+                    urgent = true;
+                    busy |= 1 << p;
+                    out.push(Act::Replay(a));
+                } else {
+                    calm.push(Act::Replay(a));
+                }
+            }
+            if matches!(pr.run, Run::Frozen(_)) {
+                calm.push(Act::Resume(a));
+            }
+            if running && !pr.sub {
+                calm.push(Act::Resub(a));
+            }
+            let active = self.waiters(p).any(|w| s.ws[w] != Ws::Done);
+            if running && active {
+                if s.budget[FREEZE] > 0 {
+                    calm.push(Act::Freeze(a));
+                }
+                if s.budget[KILL] > 0 {
+                    calm.push(Act::Kill(a));
+                }
+                if s.budget[DROP] > 0 && pr.sub {
+                    calm.push(Act::SubDrop(a));
+                }
+                if s.budget[STALL] > 0 && !pr.stalled {
+                    calm.push(Act::Stall(a));
+                }
+            }
+        }
+        for a in calm {
+            let bit = match a {
+                Act::Freeze(_) => CALM_FREEZE,
+                Act::Kill(_) => CALM_KILL,
+                Act::SubDrop(_) => CALM_DROP,
+                Act::Stall(_) => CALM_STALL,
+                Act::Release(_) => CALM_RELEASE,
+                Act::Resume(_) | Act::Resub(_) | Act::Replay(_) => CALM_RECOVER,
+                _ => 0,
+            };
+            let others_busy = match a {
+                Act::Release(w) if self.cfg.calm & CALM_OWN != 0 => busy & !(1 << self.pw(w)) != 0,
+                Act::SubDrop(p) | Act::Kill(p) if self.cfg.calm & CALM_OWN != 0 => {
+                    busy & !(1 << p) != 0
+                }
+                _ => urgent,
+            };
+            if !others_busy || self.cfg.calm & bit == 0 {
+                out.push(a);
+            }
+        }
+        let all_done = s.ws.iter().all(|w| *w == Ws::Done);
+        if !urgent && s.now < self.cfg.horizon && !all_done {
+            out.push(Act::Tick);
+        }
+    }
+
+    fn next_state(&self, s0: &St, a: Act) -> Option<St> {
+        let mut s = s0.clone();
+        match a {
+            // Time passes; Redis expires keys (PX) -- see `tick`.
+            Act::Tick => self.tick(&mut s),
+            // mirrors src/wait/notify/mod.rs -> wait: fast path (acquire.lua, no MEMBER), hub.register
+            Act::Start(w) => self.start(&mut s, w as usize),
+            // mirrors wait's `if check` -> Waiting::attempt -> src/redis/lua/acquire.lua (with MEMBER)
+            Act::Attempt(w) => self.attempt(&mut s, w as usize),
+            // mirrors wait after its select: take_grant (-> extend.lua), take_watch, the deadline
+            // (-> QueueResidue's leave.lua 'G')
+            Act::Wake(w) => self.wake(&mut s, w as usize),
+            // mirrors a call's time limit (Engine::*_on's timeout): Waiting::failed -> Step::Failed
+            // -> backoff, or take_grant's transient error -> `check = true`; Redis may still run it
+            Act::TimeOut(w) => {
+                let w = w as usize;
+                let p = self.pw(w as W);
+                let mut t = Self::wt(&s, w);
+                let kind = t.inflight.take().unwrap();
+                for c in s.late[p].iter_mut() {
+                    match c {
+                        Call::Acquire { w: cw, awaited, .. } | Call::Extend { w: cw, awaited }
+                            if *cw as usize == w =>
+                        {
+                            *awaited = false
+                        }
+                        _ => {}
+                    }
+                }
+                match kind {
+                    // Step::Failed: the backoff
+                    Inflight::Attempt { .. } | Inflight::Lease { .. } => {
+                        t.timer = Some((s.now + 1).min(t.deadline))
+                    }
+                    // take_grant's transient error: `check = true; continue`
+                    Inflight::Confirm { .. } => t.check = true,
+                }
+                s.ws[w] = Ws::Waiting(t);
+            }
+            Act::Release(w) => {
+                // LockGuard::release (or its drop): mirrors release.lua
+                let w = w as usize;
+                s.ws[w] = Ws::Done;
+                self.issue(&mut s, w, Call::Release { w: w as W });
+            }
+            // the bug switches only: the old background confirm (extend.lua -> confirm_grant)
+            Act::BgConfirm(w) => {
+                // the old background confirm: mirrors extend.lua
+                let w = w as usize;
+                let Ws::Holding { until, fence, .. } = s.ws[w] else {
+                    return None;
+                };
+                let until = match self.extend(&mut s, w as W) {
+                    Reply::NotHeld => until,
+                    _ => until.max(s.now + self.cfg.ttl),
+                };
+                s.ws[w] = Ws::Holding {
+                    until,
+                    fence,
+                    bg: false,
+                };
+            }
+            Act::Deliver(p) => {
+                // mirrors src/wait/notify/hub.rs -> Hub::deliver
+                let p = p as usize;
+                let m = s.chans[p].remove(0);
+                match m {
+                    Msg::Grant { to, fence, px, at } => match &mut s.ws[to as usize] {
+                        Ws::Waiting(t) => {
+                            t.grant = Some(GrantMsg { fence, px, at });
+                            t.permit = true;
+                        }
+                        _ => {
+                            // its waiter has gone: give back this grant only (leave 'o')
+                            self.issue(
+                                &mut s,
+                                to as usize,
+                                Call::Leave {
+                                    w: to,
+                                    member: false,
+                                    flag: Flag::O(fence),
+                                },
+                            );
+                        }
+                    },
+                    Msg::Watch { to, px } => {
+                        if let Ws::Waiting(t) = &mut s.ws[to as usize] {
+                            t.watch_msg = Some(px);
+                            t.permit = true;
+                        }
+                    }
+                    // `d2`: wake_channel(WakeReason::Resumed), a hub wake
+                    Msg::Dropped => self.wake_all(&mut s, p),
+                }
+            }
+            // a fault: the head message on P's subscriber connection is lost (reconnect, lagged)
+            Act::Lose(p) => {
+                s.chans[p as usize].remove(0);
+                s.budget[LOSS] -= 1;
+                s.procs[p as usize].missed = true;
+            }
+            // mirrors hub.rs -> dispatch: RecvError::Lagged / on_reconnect -> wake_all
+            Act::Notice(p) => {
+                s.procs[p as usize].missed = false;
+                self.wake_all(&mut s, p as usize);
+            }
+            // a fault: the process freezes (SIGSTOP, a long pause): no timers, no messages read
+            Act::Freeze(p) => {
+                let p = p as usize;
+                s.budget[FREEZE] -= 1;
+                s.procs[p].run = Run::Frozen(0);
+            }
+            Act::Resume(p) => {
+                // the housekeeper notices a freeze of `notice` ticks or more and wakes every waiter
+                let p = p as usize;
+                let Run::Frozen(k) = s.procs[p].run else {
+                    return None;
+                };
+                s.procs[p].run = Run::Running;
+                s.procs[p].thawed = true;
+                if k >= self.cfg.notice {
+                    self.wake_all(&mut s, p);
+                }
+            }
+            // a fault: the process dies; its connections close (Redis counts no listener)
+            Act::Kill(p) => {
+                let p = p as usize;
+                s.budget[KILL] -= 1;
+                self.charge_hold_of(&mut s, p, true, COST_KILL);
+                for w in self.waiters(p) {
+                    s.ws[w] = Ws::Done;
+                }
+                let pr = &mut s.procs[p];
+                pr.run = Run::Killed;
+                pr.sub = false;
+                pr.stalled = false;
+                pr.draining = false;
+                pr.missed = false;
+                s.chans[p].clear();
+                s.late[p].clear();
+            }
+            // a fault: the subscriber connection drops: messages in flight lost, Redis counts no
+            // listener (serve skips and drops its members) until it is re-made
+            Act::SubDrop(p) => {
+                let p = p as usize;
+                s.budget[DROP] -= 1;
+                s.procs[p].sub = false;
+                s.chans[p].clear();
+                if let Some(l) = s.lock {
+                    if self.pw(l.holder) == p && !self.valid(&s, l.holder as usize) {
+                        let left = l.exp - s.now;
+                        self.charge(&mut s, COST_DROP, left);
+                    }
+                }
+            }
+            // mirrors hub.rs -> on_reconnect (every slot Pending, wake_all) then sync's confirmation
+            // (Confirmed, wake_channel(Resubscribed))
+            Act::Resub(p) => {
+                let p = p as usize;
+                s.procs[p].sub = true;
+                s.procs[p].slot_ok = true;
+                self.wake_all(&mut s, p);
+            }
+            // a fault: the client connection stalls: calls wait (fred replays them on reconnect)
+            Act::Stall(p) => {
+                s.budget[STALL] -= 1;
+                s.procs[p as usize].stalled = true;
+            }
+            // Redis runs the next stalled call (acquire/extend/release/leave.lua); a caller still
+            // waiting gets the reply
+            Act::Replay(p) => {
+                let p = p as usize;
+                if !s.late[p].is_empty() {
+                    s.procs[p].draining = true;
+                    let c = s.late[p].remove(0);
+                    let r = self.run_call(&mut s, c);
+                    match c {
+                        Call::Acquire {
+                            w, awaited: true, ..
+                        } => {
+                            let Some(Inflight::Attempt { sent }) =
+                                Self::wt(&s, w as usize).inflight
+                            else {
+                                unreachable!()
+                            };
+                            self.on_attempt(&mut s, w as usize, r, sent);
+                        }
+                        Call::Extend { w, awaited: true } => {
+                            let kind = Self::wt(&s, w as usize).inflight.unwrap();
+                            self.on_extend(&mut s, w as usize, r, kind);
+                        }
+                        Call::Acquire { awaited: false, .. }
+                            if matches!(r, Reply::Acquired(_) | Reply::Granted(_)) =>
+                        {
+                            // Idle cost: a timed-out attempt took the lock for a waiter that
+                            // does not know it; it learns at its next attempt (the backoff),
+                            // or its queue residue gives it back.
+                            self.charge(&mut s, COST_LATE_ACQUIRE, 1);
+                        }
+                        _ => {}
+                    }
+                }
+                if s.late[p].is_empty() {
+                    s.procs[p].stalled = false;
+                    s.procs[p].draining = false;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::<Self>::always("(a) never two valid holders", |m, s| {
+                m.latch(0, m.valid_holders(s) < 2)
+            }),
+            Property::<Self>::always("(b) idle within the bound", |m, s| {
+                m.latch(1, s.idle <= s.allowance)
+            }),
+            Property::<Self>::always("(c) guard fences strictly increase", |m, s| {
+                m.latch(2, s.flags & FENCE_REGRESS == 0)
+            }),
+            Property::<Self>::always("(c2) a guard's fence is its hold's", |m, s| {
+                m.latch(3, s.flags & FENCE_STALE == 0)
+            }),
+            Property::<Self>::always("(d) every wait ends by its deadline", |m, s| {
+                m.latch(4, s.flags & LATE_END == 0)
+            }),
+            Property::<Self>::always("(e) nothing left behind", |m, s| {
+                m.latch(5, !(m.quiescent(s) && m.left_behind(s)))
+            }),
+            Property::<Self>::always("(f) full lease at return", |m, s| {
+                m.latch(6, s.flags & SHORT_RETURN == 0)
+            }),
+            Property::<Self>::sometimes("canary: every waiter ended", |_, s| {
+                s.ws.iter().all(|w| *w == Ws::Done)
+            }),
+            Property::<Self>::sometimes("canary: a handed-over guard", |_, s| s.top_fence >= 3),
+        ]
+    }
+}
+
+impl Queue {
+    // Time passes: keys expire, records age, dead data is forgotten, the idle ghost counts.
+    fn tick(&self, s: &mut St) {
+        if self.late_waiter(s) {
+            s.flags |= LATE_END;
+        }
+        if self.valid_holders(s) == 0 && self.live_waiter(s) {
+            s.idle = (s.idle + 1).min(s.allowance + 1);
+        }
+        s.now += 1;
+        let now = s.now;
+        if s.lock.is_some_and(|l| l.exp <= now) {
+            s.lock = None;
+        }
+        for pr in s.procs.iter_mut() {
+            if let Rec::Seen(t) = pr.rec {
+                if now - t > self.cfg.presence {
+                    pr.rec = Rec::Stale;
+                }
+            }
+            if let Run::Frozen(k) = pr.run {
+                pr.run = Run::Frozen((k + 1).min(self.cfg.notice));
+            }
+        }
+        for w in s.watchers.iter_mut().flatten() {
+            w.0 = clamp(now, w.0);
+        }
+        let px_max = self.cfg.ttl.max(self.cfg.own_claim);
+        let bug = self.cfg.bug != Bug::None;
+        let forget = |at: u8| -> u8 {
+            // A grant's time matters only while its lease could still be used at once.
+            if (!bug && at < now) || (bug && at + px_max <= now) {
+                0
+            } else {
+                at
+            }
+        };
+        for ws in s.ws.iter_mut() {
+            if let Ws::Waiting(t) = ws {
+                if let Some(x) = t.watch.as_mut() {
+                    if *x <= now {
+                        *x = 0;
+                    }
+                }
+                if let Some(x) = t.timer.as_mut() {
+                    if *x <= now {
+                        *x = 0;
+                    }
+                }
+                if let Some(g) = t.grant.as_mut() {
+                    g.at = forget(g.at);
+                }
+            }
+        }
+        for ch in s.chans.iter_mut() {
+            for m in ch.iter_mut() {
+                if let Msg::Grant { at, .. } = m {
+                    *at = forget(*at);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- symmetry
+
+impl Representative for St {
+    fn representative(&self) -> Self {
+        canonical(self)
+    }
+}
+
+fn rename_msg(m: Msg, f: impl Fn(W) -> W) -> Msg {
+    match m {
+        Msg::Grant { to, fence, px, at } => Msg::Grant {
+            to: f(to),
+            fence,
+            px,
+            at,
+        },
+        Msg::Watch { to, px } => Msg::Watch { to: f(to), px },
+        Msg::Dropped => Msg::Dropped,
+    }
+}
+
+fn rename_call(c: Call, f: impl Fn(W) -> W) -> Call {
+    match c {
+        Call::Acquire { w, member, awaited } => Call::Acquire {
+            w: f(w),
+            member,
+            awaited,
+        },
+        Call::Extend { w, awaited } => Call::Extend { w: f(w), awaited },
+        Call::Release { w } => Call::Release { w: f(w) },
+        Call::Leave { w, member, flag } => Call::Leave {
+            w: f(w),
+            member,
+            flag,
+        },
+    }
+}
+
+/// Applies `f` to every fence the state holds.
+fn each_fence(s: &mut St, mut f: impl FnMut(&mut u8)) {
+    f(&mut s.fence);
+    f(&mut s.top_fence);
+    for w in s.ws.iter_mut() {
+        match w {
+            Ws::Waiting(t) => {
+                if let Some(a) = t.anchor.as_mut() {
+                    f(&mut a.0);
+                }
+                if let Some(g) = t.grant.as_mut() {
+                    f(&mut g.fence);
+                }
+                if let Some(Inflight::Lease { fence, .. } | Inflight::Confirm { fence, .. }) =
+                    t.inflight.as_mut()
+                {
+                    f(fence);
+                }
+            }
+            Ws::Holding { fence, .. } => f(fence),
+            _ => {}
+        }
+    }
+    for ch in s.chans.iter_mut() {
+        for m in ch.iter_mut() {
+            if let Msg::Grant { fence, .. } = m {
+                f(fence);
+            }
+        }
+    }
+    for l in s.late.iter_mut() {
+        for c in l.iter_mut() {
+            if let Call::Leave {
+                flag: Flag::O(fence),
+                ..
+            } = c
+            {
+                f(fence);
+            }
+        }
+    }
+}
+
+/// Fences matter only by their order and equality (and the counter is above every other):
+/// the same state with every fence replaced by its rank among the state's fences.
+fn renumber_fences(s: &St) -> St {
+    let mut t = s.clone();
+    let mut seen = [false; 256];
+    each_fence(&mut t, |f| seen[*f as usize] = true);
+    let mut rank = [0u8; 256];
+    let mut r = 0u8;
+    for (v, &used) in seen.iter().enumerate().skip(1) {
+        if used {
+            r += 1;
+            rank[v] = r;
+        }
+    }
+    each_fence(&mut t, |f| *f = rank[*f as usize]);
+    t
+}
+
+type WKey = (Ws, u8, bool, u8, u16, u16);
+type PKey = (
+    Pr,
+    bool,
+    bool,
+    Fifo<WKey, MAXW>,
+    Fifo<Msg, MAXM>,
+    Fifo<Call, MAXC>,
+);
+
+/// The same state with processes, and waiters within each process, renamed into a canonical
+/// order (sorted by everything that does not name another waiter: a waiter's state, its queue
+/// position, whether it holds the key, its watcher fields; a process's state, its waiters, its
+/// messages and stalled calls with waiters renamed within the process).
+pub fn canonical(s: &St) -> St {
+    let renumbered = renumber_fences(s);
+    let s = &renumbered;
+    let np = s.procs.len();
+    let wpp = s.ws.len() / np;
+    let wkey = |w: usize| -> WKey {
+        let pos = s
+            .queue
+            .iter()
+            .position(|&m| m as usize == w)
+            .map_or(255, |i| i as u8);
+        let holder = s.lock.is_some_and(|l| l.holder as usize == w);
+        let mut wf = 0u8;
+        for f in 0..2 {
+            if matches!(s.watchers[f], Some((_, m)) if m as usize == w) {
+                wf |= 1 << f;
+            }
+        }
+        // which of its process's messages and stalled calls name it (by position)
+        let p = w / wpp;
+        let mut msgs = 0u16;
+        for (i, m) in s.chans[p].iter().enumerate() {
+            if matches!(m, Msg::Grant { to, .. } | Msg::Watch { to, .. } if *to as usize == w) {
+                msgs |= 1 << i;
+            }
+        }
+        let mut calls = 0u16;
+        for (i, c) in s.late[p].iter().enumerate() {
+            let cw = match *c {
+                Call::Acquire { w, .. }
+                | Call::Extend { w, .. }
+                | Call::Release { w }
+                | Call::Leave { w, .. } => w,
+            };
+            if cw as usize == w {
+                calls |= 1 << i;
+            }
+        }
+        (s.ws[w], pos, holder, wf, msgs, calls)
+    };
+    let mut keys: Fifo<(PKey, usize, Fifo<u8, MAXW>), MAXP> = Fifo::default();
+    for p in 0..np {
+        let mut idx: Fifo<u8, MAXW> = (0..wpp as u8).collect();
+        idx.sort_by_cached_key(|&j| wkey(p * wpp + j as usize));
+        let mut inv = [0u8; MAXW];
+        for (nj, &oj) in idx.iter().enumerate() {
+            inv[oj as usize] = nj as u8;
+        }
+        let local = |w: W| inv[w as usize % wpp];
+        let chans = s.chans[p].iter().map(|&m| rename_msg(m, local)).collect();
+        let late = s.late[p].iter().map(|&c| rename_call(c, local)).collect();
+        let wk = idx.iter().map(|&j| wkey(p * wpp + j as usize)).collect();
+        keys.push((
+            (
+                s.procs[p],
+                s.fence_pending == Some(p as Pid),
+                s.holder_hub == Some(p as Pid),
+                wk,
+                chans,
+                late,
+            ),
+            p,
+            idx,
+        ));
+    }
+    keys.sort_unstable();
+    let mut pmap = [0u8; MAXP];
+    let mut wmap = [0u8; MAXW];
+    for (np_new, (_, p, idx)) in keys.iter().enumerate() {
+        pmap[*p] = np_new as u8;
+        for (nj, &oj) in idx.iter().enumerate() {
+            wmap[p * wpp + oj as usize] = (np_new * wpp + nj) as u8;
+        }
+    }
+    let wm = |w: W| wmap[w as usize];
+    let mut t = s.clone();
+    for (w, &to) in wmap.iter().enumerate().take(s.ws.len()) {
+        t.ws[to as usize] = s.ws[w];
+    }
+    for (p, &q) in pmap.iter().enumerate().take(np) {
+        let q = q as usize;
+        t.procs[q] = s.procs[p];
+        t.chans[q] = s.chans[p].iter().map(|&m| rename_msg(m, wm)).collect();
+        t.late[q] = s.late[p].iter().map(|&c| rename_call(c, wm)).collect();
+    }
+    if let Some(l) = t.lock.as_mut() {
+        l.holder = wm(l.holder);
+    }
+    t.fence_pending = s.fence_pending.map(|p| pmap[p as usize]);
+    t.holder_hub = s.holder_hub.map(|p| pmap[p as usize]);
+    for m in t.queue.iter_mut() {
+        *m = wm(*m);
+    }
+    for (_, m) in t.watchers.iter_mut().flatten() {
+        *m = wm(*m);
+    }
+    t
+}
+
+// ---------------------------------------------------------------- narration
+
+impl Queue {
+    fn wn(&self, w: W) -> String {
+        format!("w{w} (P{})", self.pw(w))
+    }
+
+    fn lock_words(&self, l: Option<Lock>) -> String {
+        match l {
+            None => "free".into(),
+            Some(l) => {
+                let how = match l.st {
+                    LockSt::P => "taken",
+                    LockSt::Q => "held",
+                    LockSt::H => "handed by a full grant (h), unclaimed",
+                    LockSt::G => "handed by a short grant (g), unconfirmed",
+                };
+                format!("{how} by {}, expiring at tick {}", self.wn(l.holder), l.exp)
+            }
+        }
+    }
+
+    /// One step of a trace, in words: the action, then what it changed.
+    pub fn describe(&self, s: &St, a: &Act) -> String {
+        let Some(n) = self.next_state(s, *a) else {
+            return format!("{a:?} (disabled)");
+        };
+        let mut o = format!("tick {}: ", s.now);
+        let w_of = |a: &Act| match *a {
+            Act::Start(w)
+            | Act::Attempt(w)
+            | Act::Wake(w)
+            | Act::TimeOut(w)
+            | Act::Release(w)
+            | Act::BgConfirm(w) => Some(w),
+            _ => None,
+        };
+        match *a {
+            Act::Tick => {
+                let _ = write!(o, "time passes to tick {}", n.now);
+                if s.lock.is_some() && n.lock.is_none() {
+                    o.push_str("; Redis expires the lock");
+                }
+            }
+            Act::Start(w) => {
+                let _ = write!(o, "{} starts acquire_wait", self.wn(w));
+                if matches!(n.ws[w as usize], Ws::Holding { .. }) {
+                    o.push_str(": its first (plain) attempt finds the lock free and takes it");
+                } else if s.lock != n.lock || s.queue != n.queue {
+                    o.push_str(": its plain attempt finds the lock free with waiters queued and serves them");
+                } else {
+                    o.push_str(" and registers on its process's grant channel");
+                }
+            }
+            Act::Attempt(w) => {
+                let _ = write!(
+                    o,
+                    "{} checks the lock (acquire with its queue member)",
+                    self.wn(w)
+                );
+                if let Ws::Waiting(t) = n.ws[w as usize] {
+                    if t.inflight.is_some() {
+                        o.push_str(": the call waits on the stalled connection");
+                    } else if s.queue != n.queue || s.lock != n.lock {
+                        let _ = write!(
+                            o,
+                            ": queued{}",
+                            match t.watch {
+                                Some(x) if x > 0 => format!(", a watcher looking at tick {x}"),
+                                _ => String::new(),
+                            }
+                        );
+                    } else {
+                        o.push_str(": still queued");
+                    }
+                }
+            }
+            Act::Wake(w) => {
+                let t = Self::wt(s, w as usize);
+                let _ = write!(o, "{} wakes", self.wn(w));
+                if let Some(g) = t.grant {
+                    let _ = write!(
+                        o,
+                        " and reads a grant (fence {}, lease {} ticks from tick {}{})",
+                        g.fence,
+                        g.px,
+                        g.at,
+                        if g.px >= self.cfg.ttl {
+                            ", a full grant"
+                        } else {
+                            ", a short grant"
+                        }
+                    );
+                } else if let Some(px) = t.watch_msg {
+                    let _ = write!(o, " and reads a watch message (look in {px} ticks)");
+                } else if s.now >= t.deadline {
+                    o.push_str(" at its deadline");
+                } else if t.permit {
+                    o.push_str(" (woken by its hub)");
+                } else {
+                    o.push_str(" (its timer)");
+                }
+            }
+            Act::TimeOut(w) => {
+                let _ = write!(
+                    o,
+                    "{}'s call reaches its time limit (it will run later)",
+                    self.wn(w)
+                );
+            }
+            Act::Release(w) => {
+                let _ = write!(o, "{} releases its guard", self.wn(w));
+            }
+            Act::BgConfirm(w) => {
+                let _ = write!(
+                    o,
+                    "{}'s background task confirms (extends) its grant",
+                    self.wn(w)
+                );
+            }
+            Act::Deliver(p) => {
+                let m = s.chans[p as usize][0];
+                match m {
+                    Msg::Grant { to, fence, px, .. } => {
+                        let _ = write!(o, "P{p}'s dispatcher receives the grant for {} (fence {fence}, lease {px})", self.wn(to));
+                        if !matches!(s.ws[to as usize], Ws::Waiting(_)) {
+                            o.push_str(
+                                "; its waiter has gone: it gives the grant back (leave 'o')",
+                            );
+                        }
+                    }
+                    Msg::Watch { to, px } => {
+                        let _ = write!(
+                            o,
+                            "P{p}'s dispatcher receives a watch message for {} (look in {px})",
+                            self.wn(to)
+                        );
+                    }
+                    Msg::Dropped => {
+                        let _ = write!(o, "P{p}'s dispatcher learns that its waiters were dropped, and wakes them");
+                    }
+                }
+            }
+            Act::Lose(p) => {
+                let what = match s.chans[p as usize][0] {
+                    Msg::Grant { to, fence, .. } => {
+                        format!("the grant for {} (fence {fence})", self.wn(to))
+                    }
+                    Msg::Watch { to, .. } => format!("the watch message for {}", self.wn(to)),
+                    Msg::Dropped => "the wake-up message".to_string(),
+                };
+                let _ = write!(o, "{what} is lost on P{p}'s subscriber connection");
+            }
+            Act::Notice(p) => {
+                let _ = write!(
+                    o,
+                    "P{p}'s hub notices the lost message and wakes its waiters"
+                );
+            }
+            Act::Freeze(p) => {
+                let _ = write!(o, "P{p} freezes");
+            }
+            Act::Resume(p) => {
+                let _ = write!(o, "P{p} resumes");
+                if let Run::Frozen(k) = s.procs[p as usize].run {
+                    if k >= self.cfg.notice {
+                        o.push_str(" (its housekeeper notices the freeze and wakes its waiters)");
+                    } else {
+                        o.push_str(" (the freeze was too short for its housekeeper to notice)");
+                    }
+                }
+            }
+            Act::Kill(p) => {
+                let _ = write!(o, "P{p} is killed");
+            }
+            Act::SubDrop(p) => {
+                let _ = write!(
+                    o,
+                    "P{p}'s subscriber connection drops (messages in flight lost)"
+                );
+            }
+            Act::Resub(p) => {
+                let _ = write!(
+                    o,
+                    "P{p}'s subscriber connection is re-made; its waiters wake"
+                );
+            }
+            Act::Stall(p) => {
+                let _ = write!(o, "P{p}'s client connection stalls");
+            }
+            Act::Replay(p) => {
+                let c = s.late[p as usize].first().copied();
+                match c {
+                    Some(c) => {
+                        let what = match c {
+                            Call::Acquire { w, awaited, .. } => format!(
+                                "{}'s queueing attempt{}",
+                                self.wn(w),
+                                if awaited {
+                                    " (its caller still waits for the reply)"
+                                } else {
+                                    " (its caller gave up on it)"
+                                }
+                            ),
+                            Call::Extend { w, awaited } => format!(
+                                "{}'s extend (confirm){}",
+                                self.wn(w),
+                                if awaited {
+                                    " (its caller still waits for the reply)"
+                                } else {
+                                    " (its caller gave up on it)"
+                                }
+                            ),
+                            Call::Release { w } => format!("{}'s release", self.wn(w)),
+                            Call::Leave {
+                                w, flag: Flag::G, ..
+                            } => format!("{}'s leave ('G')", self.wn(w)),
+                            Call::Leave {
+                                w,
+                                flag: Flag::O(f),
+                                ..
+                            } => {
+                                format!("the give-back ('o', fence {f}) of {}'s grant", self.wn(w))
+                            }
+                        };
+                        let _ = write!(o, "Redis runs the stalled call: {what}");
+                    }
+                    None => {
+                        let _ = write!(o, "P{p}'s client connection recovers");
+                    }
+                }
+            }
+        }
+        // What changed, in Redis and for the waiter.
+        let mut eff: Vec<String> = Vec::new();
+        if s.lock != n.lock && !matches!(a, Act::Tick) {
+            eff.push(format!("the lock is now {}", self.lock_words(n.lock)));
+        }
+        if n.fence != s.fence {
+            eff.push(format!("fence {}", n.fence));
+        }
+        for p in 0..self.np() {
+            let before = s.chans[p].len();
+            let after = &n.chans[p];
+            let kept = if matches!(a, Act::Deliver(q) | Act::Lose(q) if *q as usize == p) {
+                before - 1
+            } else {
+                before
+            };
+            if after.len() > kept {
+                for m in &after[kept..] {
+                    match *m {
+                        Msg::Grant { to, fence, px, at } => eff.push(format!(
+                            "Redis publishes a grant to {} (fence {fence}, lease {px} ticks from tick {at})",
+                            self.wn(to)
+                        )),
+                        Msg::Watch { to, px } => {
+                            eff.push(format!("Redis tells {} to watch (look in {px} ticks)", self.wn(to)))
+                        }
+                        Msg::Dropped => eff.push(format!("Redis tells P{p} that its waiters were dropped")),
+                    }
+                }
+            }
+        }
+        let actor = w_of(a);
+        let dropped: Vec<String> = s
+            .queue
+            .iter()
+            .filter(|&&m| {
+                !n.queue.contains(&m) && Some(m) != actor && n.lock.is_none_or(|l| l.holder != m)
+            })
+            .map(|&m| self.wn(m))
+            .collect();
+        if !dropped.is_empty() && !matches!(a, Act::Replay(_)) {
+            eff.push(format!(
+                "Redis drops {} from the queue (not listening or lapsed)",
+                dropped.join(", ")
+            ));
+        }
+        if n.queue != s.queue {
+            let q: Vec<String> = n.queue.iter().map(|&w| format!("w{w}")).collect();
+            eff.push(format!("queue [{}]", q.join(", ")));
+        }
+        if n.watchers != s.watchers {
+            let ws: Vec<String> = n
+                .watchers
+                .iter()
+                .flatten()
+                .map(|&(at, m)| {
+                    if at > 0 {
+                        format!("w{m} at tick {at}")
+                    } else {
+                        format!("w{m}")
+                    }
+                })
+                .collect();
+            eff.push(format!("watchers [{}]", ws.join(", ")));
+        }
+        for p in 0..self.np() {
+            if n.procs[p].rec != s.procs[p].rec && n.procs[p].rec == Rec::Lapsed {
+                eff.push(format!("Redis marks P{p} lapsed (its waiters are skipped)"));
+            }
+        }
+        for w in 0..self.nw() {
+            let (b, f) = (s.ws[w], n.ws[w]);
+            if b == f {
+                continue;
+            }
+            let who = self.wn(w as W);
+            match f {
+                Ws::Holding { until, fence, bg } if !matches!(b, Ws::Holding { .. }) => {
+                    let mut note = String::new();
+                    if matches!(a, Act::Wake(_)) && s.lock != n.lock {
+                        note.push_str(" after confirming the grant (extend)");
+                    }
+                    if bg {
+                        note.push_str(", to be confirmed in the background");
+                    }
+                    if fence != n.fence {
+                        let _ = write!(note, ", although its hold's fence is {}", n.fence);
+                    }
+                    if fence <= s.top_fence {
+                        let _ = write!(
+                            note,
+                            ", not above fence {} that an earlier guard returned",
+                            s.top_fence
+                        );
+                    }
+                    eff.push(format!(
+                        "{who} returns a guard (fence {fence}) valid until tick {until}{note}"
+                    ))
+                }
+                Ws::Holding { until, .. } => {
+                    eff.push(format!("{who}'s guard is now valid until tick {until}"))
+                }
+                Ws::Done if matches!(b, Ws::Waiting(_)) && matches!(a, Act::Kill(_)) => {}
+                Ws::Done if matches!(b, Ws::Waiting(_)) => {
+                    eff.push(format!("{who} returns WaitTimeout"))
+                }
+                Ws::Waiting(t) if Some(w as W) == w_of(a) => {
+                    if let Ws::Waiting(tb) = b {
+                        if t.inflight.is_some()
+                            && tb.inflight.is_none()
+                            && !matches!(a, Act::Attempt(_))
+                        {
+                            eff.push(format!("{who} confirms (extend) before using it; the call waits on the stalled connection"));
+                        } else if t.check
+                            && !tb.check
+                            && matches!(a, Act::Wake(_))
+                            && tb.grant.is_some()
+                        {
+                            eff.push(format!("{who} looks again"));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (w, v) in n.ws.iter().enumerate() {
+            let Ws::Holding { until, .. } = *v else {
+                continue;
+            };
+            if n.now < until && s.ws[w] != *v {
+                let others: Vec<String> = (0..self.nw())
+                    .filter(|&x| x != w && self.valid(&n, x))
+                    .map(|x| self.wn(x as W))
+                    .collect();
+                if !others.is_empty() {
+                    eff.push(format!(
+                        "{} and {} both hold valid guards",
+                        self.wn(w as W),
+                        others.join(", ")
+                    ));
+                }
+            }
+        }
+        if a == &Act::Tick && self.valid_holders(&n) >= 2 {
+            let hs: Vec<String> = (0..self.nw())
+                .filter(|&x| self.valid(&n, x))
+                .map(|x| self.wn(x as W))
+                .collect();
+            eff.push(format!("{} hold valid guards at once", hs.join(" and ")));
+        }
+        if !eff.is_empty() {
+            o.push_str(". ");
+            let mut first = eff.remove(0);
+            if let Some(c) = first.get_mut(0..1) {
+                c.make_ascii_uppercase();
+            }
+            o.push_str(&first);
+            for e in eff {
+                o.push_str("; ");
+                o.push_str(&e);
+            }
+        }
+        o.push('.');
+        o
+    }
+
+    /// Where a trace ends: each waiter, the lock, the queue, the ghosts.
+    pub fn summary(&self, s: &St) -> String {
+        let mut o = format!("at tick {}: the lock is {}", s.now, self.lock_words(s.lock));
+        let q: Vec<String> = s.queue.iter().map(|&w| format!("w{w}")).collect();
+        let _ = write!(o, "; queue [{}]", q.join(", "));
+        for w in 0..self.nw() {
+            let who = self.wn(w as W);
+            let p = self.pw(w as W);
+            let what = match s.ws[w] {
+                Ws::Idle => "has not started".to_string(),
+                Ws::Done => continue,
+                Ws::Holding { until, fence, .. } => {
+                    format!("holds a guard (fence {fence}) valid until tick {until}")
+                }
+                Ws::Waiting(t) => {
+                    let mut x = String::from("waits");
+                    x.push_str(if s.queue.contains(&(w as W)) {
+                        ", queued"
+                    } else {
+                        ", not in the queue"
+                    });
+                    match t.watch {
+                        Some(at) if at > s.now => {
+                            let _ = write!(x, ", watching (looks at tick {at})");
+                        }
+                        Some(_) if !s.procs[p].slot_ok => {}
+                        Some(_) => x.push_str(", its watch time due"),
+                        None => x.push_str(", not watching"),
+                    }
+                    if t.inflight.is_some() {
+                        x.push_str(", its call held up on the stalled connection");
+                    }
+                    let _ = write!(x, " (deadline tick {})", t.deadline);
+                    x
+                }
+            };
+            let _ = write!(o, "; {who} {what}");
+        }
+        let _ = write!(
+            o,
+            "; idle ticks since the last acquisition: {}, bound for the incidents since: {}",
+            s.idle, s.allowance
+        );
+        o
+    }
+
+    /// A whole trace in words: one numbered line per step, then where it ends.
+    pub fn narrate(&self, path: &[(St, Option<Act>)]) -> String {
+        let mut o = String::new();
+        let mut n = 0;
+        for (s, a) in path {
+            match a {
+                Some(a) => {
+                    n += 1;
+                    let _ = writeln!(o, "{n}. {}", self.describe(s, a));
+                }
+                None => {
+                    let _ = writeln!(o, "End {}.", self.summary(s));
+                }
+            }
+        }
+        o
+    }
+}
