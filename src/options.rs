@@ -118,11 +118,20 @@ impl LockOptions {
     }
 
     /// When to refresh a held lock in `run` or after `LockGuard::keep_alive`, as a fraction
-    /// of the TTL: in `[0, 1)`, 0 meaning "never refresh". Defaults to 0.8.
+    /// of the TTL: in `(0, 1)`; 0 is the same as [`without_refresh`](Self::without_refresh).
+    /// Defaults to 0.8.
     #[must_use]
     pub fn with_refresh_ratio(mut self, ratio: f64) -> Self {
         self.refresh_ratio = ratio;
         self
+    }
+
+    /// Never refresh the lock: `run`'s section (or a guard's `keep_alive`) gets the TTL and no
+    /// more, and its loss token is cancelled when the TTL's validity deadline passes
+    /// ([`LossReason::TtlElapsed`](crate::LossReason::TtlElapsed)).
+    #[must_use]
+    pub fn without_refresh(self) -> Self {
+        self.with_refresh_ratio(0.0)
     }
 
     /// A fixed token instead of a fresh UUID v4 per acquisition. With a fixed token, acquiring

@@ -331,7 +331,7 @@ async fn pool_replay(url: &str) -> Result<String, String> {
                         &common::tight()
                             .with_ttl(Duration::from_millis(200))
                             .with_wait(Duration::from_secs(10))
-                            .with_refresh_ratio(0.0),
+                            .without_refresh(),
                     )
                     .await
                     .map_err(|e| format!("task {t} round {i}: {e}"))?;

@@ -111,7 +111,7 @@ fn every_metric_moves_when_it_should() {
                     &quick
                         .clone()
                         .with_ttl(Duration::from_millis(100))
-                        .with_refresh_ratio(0.0),
+                        .without_refresh(),
                     |ctx| async move {
                         ctx.lost.cancelled().await;
                         Ok::<_, Error>(())

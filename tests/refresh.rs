@@ -65,7 +65,7 @@ async fn without_refresh_the_token_fires_before_redis_expires_the_lock() {
     let (_s, client, locker) = setup().await;
     // 1.5 s: the drift margin (1% + 2 ms = 17 ms) must also absorb a late timer on a busy machine.
     let ttl = Duration::from_millis(1500);
-    let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.0);
+    let opts = LockOptions::new().with_ttl(ttl).without_refresh();
     let r = locker
         .run("norefresh", &opts, |ctx| {
             let client = client.clone();

@@ -51,7 +51,7 @@ async fn idle_queued_waiters_make_almost_no_calls() {
     let holder = Locker::new(server.client().await);
     let hold = LockOptions::new()
         .with_ttl(Duration::from_secs(4))
-        .with_refresh_ratio(0.0);
+        .without_refresh();
     let mut keys = vec!["hot".to_owned()];
     keys.extend((0..100).map(|i| format!("cold-{i}")));
     let mut held = Vec::new();

@@ -582,6 +582,56 @@ fn rows() -> Vec<Row> {
             ],
         },
         Row {
+            name: "the first waiter behind a lock taken free records the holder's process from its token",
+            setup: &["SET {L} pdddddddddddd/T PX 5000", "SET {F} 100 PX 60000"],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 1]",
+            checks: &[
+                Get(L, Some("qdddddddddddd/T")),
+                Process("!h", Some(DEAD)),
+                Watcher("!w1", Some(M_LIVE)),
+            ],
+        },
+        Row {
+            name: "a lock taken free by a token without a process: the holder stays unknown",
+            setup: &["SET {L} pT PX 5000", "SET {F} 100 PX 60000"],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 1]",
+            checks: &[Process("!h", None)],
+        },
+        Row {
+            name: "a refresh keeps the watchers out of the holder's process",
+            setup: &[
+                "SET {L} qT PX 500",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::EXTEND,
+            call: Args {
+                hub: LIVE,
+                ..args("T")
+            },
+            reply: "[1, 100]",
+            checks: &[
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", None),
+                Messages(&["bbbbbbbbbbbb: w2 10000 x1"]),
+            ],
+        },
+        Row {
             name: "a queued attempt that takes a free lock records its process as the holder's",
             setup: &[
                 "SET {F} 100_q PX 60000",

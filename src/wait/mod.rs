@@ -1,4 +1,4 @@
-//! Waiting for a lock: one engine, two strategies.
+//! Waiting for a lock: one set of rules, two strategies.
 //!
 //! What both lockers share lives here once: the validated request, the deadline, the time
 //! limit of each attempt, how an attempt's outcome is classified, the give-up rule, "wait 0
@@ -63,8 +63,12 @@ impl Request {
     ) -> Result<Request> {
         let plan = opts.validate(key)?;
         let names = engine.names(key)?;
+        // A queued locker's own tokens start with its process id: the scripts then know the
+        // holder's process when waiters queue behind a lock it took free (they keep the two
+        // watchers out of it; see common.lua's header).
         let (token, own_token) = match opts.token() {
             Some(t) => (t.to_owned(), false),
+            None if !hub.is_empty() => (format!("{hub}/{}", new_token()), true),
             None => (new_token(), true),
         };
         Ok(Request {

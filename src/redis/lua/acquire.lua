@@ -32,7 +32,7 @@ if not cur then
     local more = redis.call('ZCARD', KEYS[3]) > 0
     if more then
       redis.call('SETRANGE', lock, 0, QUEUED)
-      L.held_by_caller()
+      L.held_by(HUB)
     else
       redis.call('DEL', KEYS[4])
     end
@@ -60,5 +60,11 @@ if MEMBER == '' then
   if state_of(cur) == TAKEN then return {2, pttl, 0} end
   return {2, pttl, 0, 1}
 end
-if state_of(cur) == TAKEN then redis.call('SETRANGE', lock, 0, QUEUED) end
-return slow().enqueue(pttl)
+local L = slow()
+if state_of(cur) == TAKEN then
+  -- The first waiter behind a lock taken free: record the holder's process (from its token),
+  -- so that the watchers are not both left in it.
+  redis.call('SETRANGE', lock, 0, QUEUED)
+  L.held_by(string.match(holder_of(cur), '^(%x+)/') or '')
+end
+return L.enqueue(pttl)

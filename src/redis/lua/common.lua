@@ -26,9 +26,11 @@
 -- Processes: a hash; field <hub> = Redis time in ms when that process last called on this key,
 --   or 'x' when its short grant lapsed (it is frozen or gone: its waiters are skipped until it
 --   calls again); fields '!w1', '!w2' = "<ms> <member>": the lock's two watchers (see `watch`)
---   and when each will look; field '!h' = the holder's hub when a grant or a queued attempt
---   made it the holder (unknown after a plain attempt on a lock nobody waited for). Deleted
---   when the queue empties.
+--   and when each will look; field '!h' = the holder's hub: written by a grant, by a queued
+--   attempt that takes the lock, and when the first waiter queues behind a lock taken free
+--   (from the holder's token, which a queued locker makes "<hub>/<uuid>"; unknown for a
+--   polling locker's or a fixed token). A hint for choosing watchers, never for safety.
+--   Deleted when the queue empties.
 -- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the lock is
 --   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is one of
 --   the lock's watchers: look at the lock in px ms, when the holder's lease ends); 'd2' (a
@@ -353,12 +355,17 @@ local function slow()
     return {2, pttl, 1, listening, f, watching(pttl), now_us(), redis.call('ZCARD', q)}
   end
 
-  -- The caller's process holds the lock now (a queued attempt took it free).
-  local function held_by_caller()
-    if HUB ~= '' then redis.call('HSET', pkey, '!h', HUB) else redis.call('HDEL', pkey, '!h') end
+  -- Process `hub` holds the lock now ('' = unknown).
+  local function held_by(hub)
+    if hub ~= '' then redis.call('HSET', pkey, '!h', hub) else redis.call('HDEL', pkey, '!h') end
+  end
+
+  -- The holder's process as recorded ('' = unknown).
+  local function holder_hub()
+    return redis.call('HGET', pkey, '!h') or ''
   end
 
   return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
-    watch = watch, held_by_caller = held_by_caller}
+    watch = watch, held_by = held_by, holder_hub = holder_hub}
 end

@@ -10,13 +10,14 @@ local state = state_of(cur)
 if state == GRANTED then
   local L = slow()
   local f = L.confirm_grant()
-  L.watch(nil, tonumber(TTL), true)
+  L.watch(HUB, tonumber(TTL), true)
   return {3, f}
 end
 if state == HANDED then redis.call('SETRANGE', KEYS[1], 0, QUEUED) end
 redis.call('PEXPIRE', KEYS[1], TTL)
 -- The fence counter lives on with the lock (it also says whether waiters may be queued).
 local fv = redis.call('GETEX', KEYS[2], 'PX', RETAIN)
-if state ~= TAKEN then slow().watch(nil, tonumber(TTL), true) end
+-- The watchers skip the holder's (the caller's) process.
+if state ~= TAKEN then slow().watch(HUB, tonumber(TTL), true) end
 if not fv then return {1} end
 return {1, (fence_parse(fv))}

@@ -8,7 +8,7 @@ local L = slow()
 if MEMBER ~= '' and redis.call('ZREM', KEYS[3], MEMBER) == 1 then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then pttl = 0 end
-  L.watch(nil, pttl)
+  L.watch(L.holder_hub(), pttl)
 end
 local cur = redis.call('GET', KEYS[1])
 if not cur or holder_of(cur) ~= TOKEN then return {0} end
