@@ -6,8 +6,8 @@
 //!
 //! `EXPLORE` is a comma-separated list: fault families (budget 1 each) `loss`, `freeze`, `drop`,
 //! `kill`, `stall`; bug switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own`
-//! (`Bug::OwnClaimWindow`); one behaviour taken back to before its fix `-f1` … `-f6`
-//! (`Cfg::revert`); the proposal `+plain` (`Proposal::PlainHolder`);
+//! (`Bug::OwnClaimWindow`); one behaviour taken back to before its fix `-f1` … `-f7`
+//! (`Cfg::revert`);
 //! `nocost=<bits>` leaves incident costs out of the idle bound (`Cfg::no_cost`, `COST_*` bits). `BFS=1` stops at the first
 //! violation (of a property whose name contains `PROP`, if given) and prints it: the shortest counterexample there is (1 thread, no symmetry: mind
 //! the memory, a pair can need tens of GB); otherwise DFS + symmetry on 2 threads explores
@@ -16,7 +16,7 @@
 
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::Instant;
-use waitlock_model::{Bug, Cfg, Proposal, Queue, Revert};
+use waitlock_model::{Bug, Cfg, Queue, Revert};
 
 fn main() {
     let which = std::env::var("EXPLORE").unwrap_or_default();
@@ -36,7 +36,7 @@ fn main() {
             "-f4" => cfg.revert = Some(Revert::F4Wake),
             "-f5" => cfg.revert = Some(Revert::F5Release),
             "-f6" => cfg.revert = Some(Revert::F6Limit),
-            "+plain" => cfg.proposal = Some(Proposal::PlainHolder),
+            "-f7" => cfg.revert = Some(Revert::F7Holder),
             x if x.starts_with("nocost=") => {
                 cfg.no_cost = x[7..].parse().expect("nocost=<COST_* bits>")
             }

@@ -6,8 +6,9 @@
 //! `leave`), each one atomic step as Redis runs it, with one function per local function of
 //! `common.lua` that holds state (same names: `listener`, `process`, `seen`, `lapse`,
 //! `next_fence`, `fence_flags`, `watch`, `watching`, `serve`, `release_held`, `confirm_grant`,
-//! `enqueue`, `held_by_caller`); every function says what it mirrors. Processes each have waiters
-//! (one `acquire_wait` each, with its own token), one subscriber connection (grant and watch
+//! `enqueue`, `held_by`, `holder_hub`); every function says what it mirrors. Processes each
+//! have waiters (one `acquire_wait` each, with its own token `"<hub>/<uuid>"`, so Redis can read
+//! the holder's process from the lock), one subscriber connection (grant and watch
 //! messages: one FIFO per connection) and one client connection (calls: one FIFO per process
 //! while the connection is stalled). The waiter is `src/wait/notify/mod.rs::wait` and
 //! `take_grant` (`Queue::start`, `attempt`, `on_attempt`, `wake`, `take_grant`), with
@@ -40,7 +41,9 @@
 //!   `{4}` / `{0, 4}`, acquire `{4}` never happen here); the fence counter and the processes
 //!   hash outlive every hold (no retention: extend always answers `{1, fence}`);
 //! - only `acquire_wait` with a hub: no polling callers (`wait::once`, a locker without
-//!   pub/sub), no fixed tokens, no required replicas, no `give_back`;
+//!   pub/sub), no fixed tokens, no required replicas, no `give_back`; so every token names its
+//!   process, and acquire.lua's `held_by(<hub of the holder's token>)` never gets '' (a lock
+//!   taken free by a fixed token or a polling locker leaves '!h' unknown: not checked);
 //! - every waiter has the same TTL and starts at tick 0 (or when its frozen process resumes);
 //!   holders do not refresh, and release before their lease ends unless frozen, killed or
 //!   stalled (an overrunning holder is one of those faults); a process's channel is
@@ -59,8 +62,7 @@
 //!   found its process deaf.
 //!
 //! **Switches.** `Cfg::default()` is the code as it is. `Cfg::bug` brings back one of two old
-//! bugs, `Cfg::revert` takes one of the fixes of findings F1–F6 back (the finding tests), and
-//! `Cfg::proposal` adds a rule the code does not have (for the open finding F7).
+//! bugs, and `Cfg::revert` takes one of the fixes of findings F1–F7 back (the finding tests).
 
 use stateright::{Model, Property, Representative};
 use std::fmt::Write as _;
@@ -116,19 +118,18 @@ pub struct Cfg {
     pub kills: u8,
     pub stalls: u8,
     pub bug: Bug,
-    /// One behaviour of the code taken back to what it was before the fixes of findings
-    /// F1–F6 (`None`: the code as it is). The finding tests replay each finding's trace with
-    /// its behaviour reverted (it breaks its property) and as implemented (it does not).
+    /// One behaviour of the code taken back to what it was before the fix of one of the
+    /// findings F1–F7 (`None`: the code as it is). The finding tests replay each finding's
+    /// trace with its behaviour reverted (it breaks its property) and as implemented (it does
+    /// not).
     pub revert: Option<Revert>,
-    /// A proposed rule, not in the code (see `Proposal`); `None`: the code as it is.
-    pub proposal: Option<Proposal>,
     /// Incident costs left out of the idle bound (COST_* bits; experiments only).
     pub no_cost: u8,
     /// Steps offered only between cascades (when no urgent step is pending): CALM_* bits.
     pub calm: u8,
 }
 
-/// The behaviours that findings F1–F6 changed, each as it was before its fix (`Cfg::revert`).
+/// The behaviours that findings F1–F7 changed, each as it was before its fix (`Cfg::revert`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Revert {
     /// F1: `watching()` makes a new member a watcher whenever a watcher field is free, whatever
@@ -150,15 +151,12 @@ pub enum Revert {
     /// F6: a grant's confirmation (and an attempt's `full_lease` extend) has the command
     /// timeout as its limit (now: the wait's attempt limit, cut to the deadline).
     F6Limit,
-}
-
-/// Rules proposed by the model, not (yet) in the code (`Cfg::proposal`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Proposal {
-    /// Redis records the holder's process ('!h') also when a plain attempt (the fast path,
-    /// HUB '') takes a free lock: `watching()` then knows the holder's process whenever
-    /// waiters queue.
-    PlainHolder,
+    /// F7: the holder's process ('!h') stays unknown after a lock was taken free (state 'p'):
+    /// acquire.lua's `p` -> `q` records nothing, and extend and leave call `watch(nil, ..)`
+    /// (now: the first member queued behind a lock taken free records the holder's process,
+    /// parsed from its token, `held_by(..)`; extend's `watch` skips the caller's process,
+    /// the holder's, and leave's skips `holder_hub()`, 3c87246). This is the code of 8d0d2c8.
+    F7Holder,
 }
 
 impl Default for Cfg {
@@ -183,7 +181,6 @@ impl Default for Cfg {
             bug: Bug::None,
             calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_STALL | CALM_RECOVER,
             revert: None,
-            proposal: None,
             no_cost: 0,
         }
     }
@@ -468,9 +465,11 @@ pub struct St {
     pub queue: Fifo<W, MAXW>,
     /// '!w1', '!w2': (tick it looks, 0 = past; member).
     pub watchers: [Option<(u8, W)>; 2],
-    /// '!h': the holder's process as Redis recorded it (a grant, or a queued attempt that took
-    /// the lock free); unknown after a plain attempt; kept when the lock expires or is
-    /// released (it may name a former holder); deleted with the processes hash.
+    /// '!h': the holder's process as Redis recorded it: by a grant, by a queued attempt that
+    /// took the lock free with waiters left behind it, and when the first member queues behind
+    /// a lock taken free (state 'p': from the holder's token; every token here has its
+    /// process); kept when the lock expires or is released (it may name a former holder);
+    /// deleted with the processes hash.
     pub holder_hub: Option<Pid>,
     // processes
     pub procs: Fifo<Pr, MAXP>,
@@ -702,9 +701,14 @@ impl Queue {
         s.fence
     }
 
-    // mirrors common.lua -> slow -> held_by_caller(): '!h' = HUB, or HDEL when HUB is ''
-    fn held_by_caller(&self, s: &mut St, hub: Option<usize>) {
+    // mirrors common.lua -> slow -> held_by(hub): '!h' = hub, or HDEL when hub is '' (unknown)
+    fn held_by(&self, s: &mut St, hub: Option<usize>) {
         s.holder_hub = hub.map(|p| p as Pid);
+    }
+
+    // mirrors common.lua -> slow -> holder_hub(): HGET '!h' ('' = unknown)
+    fn holder_hub(&self, s: &St) -> Option<usize> {
+        s.holder_hub.map(|p| p as usize)
     }
 
     // mirrors common.lua -> slow -> serve(self): hand the lock to the oldest live waiter
@@ -892,7 +896,7 @@ impl Queue {
                         let more = !s.queue.is_empty();
                         if more {
                             s.lock.as_mut().unwrap().st = LockSt::Q;
-                            self.held_by_caller(s, hub);
+                            self.held_by(s, hub);
                         } else {
                             self.del_pkey(s);
                         }
@@ -932,11 +936,12 @@ impl Queue {
                     };
                 }
                 if l.st == LockSt::P {
+                    // the first waiter behind a lock taken free: SETRANGE 'q', and
+                    // `held_by(<hub> of the holder's token "<hub>/<uuid>">)` (every token of the
+                    // model has its process; a polling locker's or a fixed token would give '')
                     s.lock.as_mut().unwrap().st = LockSt::Q;
-                    if self.cfg.proposal == Some(Proposal::PlainHolder) {
-                        // the proposal: the first waiter queued behind a plain hold records
-                        // its holder's process (known from the lock, or the fence, value)
-                        s.holder_hub = Some(self.pw(l.holder) as Pid);
+                    if !self.reverted(Revert::F7Holder) {
+                        self.held_by(s, Some(self.pw(l.holder)));
                     }
                 }
                 self.enqueue(s, w, pttl)
@@ -1002,7 +1007,8 @@ impl Queue {
     }
 
     // mirrors src/redis/lua/extend.lua: `{3, fence}` a short grant confirmed, `{1, fence}` renewed;
-    // the watchers are told when the lease now ends (`watch(nil, TTL, true)`)
+    // the watchers are told when the lease now ends (`watch(HUB, TTL, true)`: they skip the
+    // caller's process, the holder's; F7 reverted: `watch(nil, TTL, true)`)
     fn extend(&self, s: &mut St, w: W) -> Reply {
         let Some(l) = s.lock else {
             return Reply::NotHeld;
@@ -1011,9 +1017,14 @@ impl Queue {
             return Reply::NotHeld;
         }
         let ttl = self.cfg.ttl;
+        let hub = if self.reverted(Revert::F7Holder) {
+            None
+        } else {
+            Some(self.pw(w))
+        };
         if l.st == LockSt::G {
             let f = self.confirm_grant(s, w);
-            self.watch(s, None, ttl, true);
+            self.watch(s, hub, ttl, true);
             return Reply::Confirmed(f);
         }
         let lock = s.lock.as_mut().unwrap();
@@ -1022,20 +1033,26 @@ impl Queue {
         }
         lock.exp = s.now + ttl;
         if l.st != LockSt::P {
-            self.watch(s, None, ttl, true);
+            self.watch(s, hub, ttl, true);
         }
         // {1, fence} (GETEX: the fence counter outlives every hold in the model)
         Reply::Renewed(s.fence)
     }
 
     // mirrors src/redis/lua/leave.lua (the model's leaves: the queue residue's 'G', the
-    // dispatcher's 'o' for a grant whose waiter has gone)
+    // dispatcher's 'o' for a grant whose waiter has gone); a member that leaves: `watch(
+    // holder_hub(), pttl)` (F7 reverted: `watch(nil, pttl)`)
     fn leave(&self, s: &mut St, w: W, member: bool, flag: Flag) -> Reply {
         if member {
             if let Some(i) = s.queue.iter().position(|&m| m == w) {
                 s.queue.remove(i);
                 let pttl = s.lock.map_or(0, |l| l.exp - s.now);
-                self.watch(s, None, pttl, false);
+                let skip = if self.reverted(Revert::F7Holder) {
+                    None
+                } else {
+                    self.holder_hub(s)
+                };
+                self.watch(s, skip, pttl, false);
             }
         }
         let Some(l) = s.lock else {

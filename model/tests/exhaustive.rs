@@ -1,9 +1,9 @@
 //! The model checks (see `model/README.md`): exhaustive runs of the queue handoff as the code
 //! implements it, 3 processes × 2 waiters on one key, one test per pair of fault families
 //! (budget 1 each), DFS with symmetry on 2 threads; the bug switches' shortest counterexamples
-//! (1-thread BFS with the first-violation latch); the findings F1–F6 (fixed in the code), each
+//! (1-thread BFS with the first-violation latch); the findings F1–F7 (fixed in the code), each
 //! pinned as an action sequence that breaks its property with that one behaviour reverted
-//! (`Cfg::revert`) and not as implemented; and the open finding F7 with its proposed rule.
+//! (`Cfg::revert`) and not as implemented.
 //!
 //! **Properties** (`waitlock_model::Queue::properties`):
 //! - (a) never two holders whose guards are valid at the same tick;
@@ -34,9 +34,10 @@
 //! So a short grant to a frozen process costs exactly the claim window (the watchers look at
 //! its expiry, so no extra tick), a full grant to a process frozen within the presence window
 //! or a crashed holder the TTL. Each cost is needed: with any one of them left out
-//! (`Cfg::no_cost`) the checker finds a counterexample (checked with `Proposal::PlainHolder`,
-//! so that F7 does not mask it). As implemented, the bound holds in every pair but six, where
-//! F7 exceeds it; with the proposal it holds in every pair.
+//! (`Cfg::no_cost`, `examples/explore.rs`) the checker finds a counterexample to (b) (the grant's
+//! in freeze + kill, the kill's in loss + kill, the drop's in loss + drop, the stalled call's in
+//! kill + stall, the late acquisition's in loss + stall and drop + stall). As implemented, the
+//! bound holds in every pair.
 
 use stateright::{Checker, HasDiscoveries, Model, Path};
 use std::collections::BTreeSet;
@@ -116,20 +117,18 @@ fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
 
 // ---------------------------------------------------------------- the protocol as implemented
 //
-// Every pair of fault families (budget 1 each). (a), (c), (c2), (d), (e), (f) hold in every
-// pair; (b) holds in the four pairs with a lost message and is exceeded in the other six by
-// finding F7 (`finding_f7_holder_unknown` below: the holder's process is unknown after a lock
-// was taken free, so a watcher of the holder's process is kept); with the rule proposed for it
-// (`Proposal::PlainHolder`) every property holds (`proposal_*`).
+// Every pair of fault families (budget 1 each): every property holds in every pair. (Before
+// F7's fix, (b) was exceeded in the six pairs without a lost message: `finding_f7_holder_unknown`
+// below; with `Revert::F7Holder` the counts are those of 8d0d2c8.)
 
 #[test]
 fn no_faults() {
-    exhaustive("no faults", with(&[]), 22_200, &[]);
+    exhaustive("no faults", with(&[]), 15_600, &[]);
 }
 
 #[test]
 fn loss_freeze() {
-    exhaustive("loss + freeze", with(&["loss", "freeze"]), 2_982_000, &[]);
+    exhaustive("loss + freeze", with(&["loss", "freeze"]), 2_000_000, &[]);
 }
 
 #[test]
@@ -137,14 +136,14 @@ fn loss_drop() {
     exhaustive(
         "loss + subscriber drop",
         with(&["loss", "drop"]),
-        3_153_000,
+        2_150_000,
         &[],
     );
 }
 
 #[test]
 fn loss_kill() {
-    exhaustive("loss + kill", with(&["loss", "kill"]), 494_000, &[]);
+    exhaustive("loss + kill", with(&["loss", "kill"]), 359_000, &[]);
 }
 
 #[test]
@@ -152,7 +151,7 @@ fn loss_stall() {
     exhaustive(
         "loss + stalled calls",
         with(&["loss", "stall"]),
-        1_384_000,
+        967_000,
         &[],
     );
 }
@@ -162,14 +161,14 @@ fn freeze_drop() {
     exhaustive(
         "freeze + subscriber drop",
         with(&["freeze", "drop"]),
-        9_262_000,
-        &[B],
+        6_630_000,
+        &[],
     );
 }
 
 #[test]
 fn freeze_kill() {
-    exhaustive("freeze + kill", with(&["freeze", "kill"]), 1_742_000, &[B]);
+    exhaustive("freeze + kill", with(&["freeze", "kill"]), 1_327_000, &[]);
 }
 
 #[test]
@@ -177,8 +176,8 @@ fn freeze_stall() {
     exhaustive(
         "freeze + stalled calls",
         with(&["freeze", "stall"]),
-        4_853_000,
-        &[B],
+        3_818_000,
+        &[],
     );
 }
 
@@ -187,8 +186,8 @@ fn drop_kill() {
     exhaustive(
         "subscriber drop + kill",
         with(&["drop", "kill"]),
-        1_666_000,
-        &[B],
+        1_305_000,
+        &[],
     );
 }
 
@@ -197,8 +196,8 @@ fn drop_stall() {
     exhaustive(
         "subscriber drop + stalled calls",
         with(&["drop", "stall"]),
-        6_803_000,
-        &[B],
+        5_492_000,
+        &[],
     );
 }
 
@@ -207,37 +206,7 @@ fn kill_stall() {
     exhaustive(
         "kill + stalled calls",
         with(&["kill", "stall"]),
-        681_000,
-        &[B],
-    );
-}
-
-// ---------------------------------------------------------------- the proposal for F7
-
-/// With `Proposal::PlainHolder`, every property holds in the pairs F7 breaks (the two cheapest
-/// here; see README for all six).
-#[test]
-fn proposal_freeze_kill() {
-    exhaustive(
-        "proposal, freeze + kill",
-        Cfg {
-            proposal: Some(Proposal::PlainHolder),
-            ..with(&["freeze", "kill"])
-        },
-        1_507_000,
-        &[],
-    );
-}
-
-#[test]
-fn proposal_kill_stall() {
-    exhaustive(
-        "proposal, kill + stalled calls",
-        Cfg {
-            proposal: Some(Proposal::PlainHolder),
-            ..with(&["kill", "stall"])
-        },
-        655_000,
+        537_000,
         &[],
     );
 }
@@ -293,12 +262,13 @@ fn switch_own_claim_window() {
 
 // ---------------------------------------------------------------- the findings
 //
-// F1–F6 are fixed in the code. Each is pinned as an action sequence (found with
-// `examples/explore.rs`, 1-thread BFS: the shortest one for its property and fault
-// configuration, unless its doc says otherwise) that breaks its property at its last step, and
-// not before, with its behaviour taken back to before its fix (`Cfg::revert`); on the code as
-// it is, its steps do not happen or do not break the property. F7 is open: the same on the
-// code as it is, against its proposed rule.
+// F1–F7 are fixed in the code. Each is pinned as an action sequence (found with
+// `examples/explore.rs`, 1-thread BFS: a shortest one for its property and fault configuration
+// with only its own fix reverted) that breaks its property at its last step, and not before,
+// with its behaviour taken back to before its fix (`Cfg::revert`); on the code as it is, its
+// steps do not happen or do not break the property. F3–F6 were found again after F7's fix
+// (their traces of 8d0d2c8 no longer replay: `'!h'` now names the holder of a lock taken free,
+// and the watchers differ).
 
 /// Replays `actions` on `cfg` (each must be enabled: `None` if one is not) and returns the path
 /// in words, after asserting that `property` holds until the last state, and there fails if
@@ -460,7 +430,6 @@ fn finding_f3_stale_fence() {
         Notice(0),
         Wake(1),
         Attempt(1),
-        Deliver(2),
         Release(4),
         Deliver(2),
         Wake(5),
@@ -510,7 +479,6 @@ fn finding_f3_fence_regression() {
         Notice(0),
         Wake(1),
         Attempt(1),
-        Deliver(2),
         Release(4),
         Deliver(0),
         Deliver(2),
@@ -536,38 +504,41 @@ fn finding_f3_fence_regression() {
 }
 
 /// F4: a wake-up from the hub that found a watch message in the cell was taken as that watch
-/// message (`check = false`): w3's grant (fence 3, a full grant) is lost; the hub wakes P1's
-/// waiters, but w3 reads the watch message it had and does not look, so its grant sits
-/// unclaimed with nobody holding a valid guard until the watch time. Fixed: the cell's sticky
-/// `hub_woke` flag makes a hub wake-up always look.
+/// message (`check = false`): w5's grant (fence 6, a full grant) is lost; the hub wakes P2's
+/// waiters, but w5 reads the watch message it had (it watched the lock handed to w4, of its own
+/// process) and does not look, so its grant sits unclaimed with nobody holding a valid guard
+/// until the watch time. Fixed: the cell's sticky `hub_woke` flag makes a hub wake-up always
+/// look.
 #[test]
 fn finding_f4_wake_absorbed_by_watch() {
     let t = [
         Start(0),
         Start(1),
+        Attempt(1),
         Start(2),
         Attempt(2),
         Start(3),
         Attempt(3),
         Start(4),
         Attempt(4),
-        Attempt(1),
         Start(5),
         Attempt(5),
-        Tick,
-        Tick,
         Release(0),
         Deliver(0),
+        Wake(1),
+        Release(1),
         Deliver(1),
         Wake(2),
-        Deliver(0),
-        Wake(1),
-        Deliver(1),
         Release(2),
-        Lose(1),
-        Notice(1),
+        Deliver(1),
         Wake(3),
+        Release(3),
         Deliver(2),
+        Wake(4),
+        Deliver(2),
+        Release(4),
+        Lose(2),
+        Notice(2),
         Wake(5),
         Tick,
     ];
@@ -580,8 +551,7 @@ fn finding_f4_wake_absorbed_by_watch() {
 /// queued; the only watcher's process (P2) is killed, and the holder's process's other waiter
 /// (w3) is never a watcher (`watch` skips the grantee's process). Nobody served the queue.
 /// Fixed: a release that finds the lock free while the fence says waiters are queued serves
-/// them (and answers not held). (28 steps: with `Proposal::PlainHolder` the shortest is 26,
-/// without steps 15–16; as implemented, the watch message to w5 must be read first.)
+/// them (and answers not held).
 #[test]
 fn finding_f5_lapsed_release_serves_nobody() {
     let t = [
@@ -599,8 +569,6 @@ fn finding_f5_lapsed_release_serves_nobody() {
         Release(0),
         Deliver(0),
         Wake(1),
-        Deliver(2),
-        Wake(5),
         Release(1),
         Deliver(1),
         Wake(2),
@@ -637,40 +605,43 @@ fn finding_f6_confirm_overruns_deadline() {
         Attempt(4),
         Start(5),
         Attempt(5),
+        Release(0),
+        Deliver(0),
+        Wake(1),
         Stall(2),
         Tick,
         Tick,
         Tick,
-        Release(0),
-        Deliver(0),
-        Wake(1),
-        Deliver(2),
-        Wake(5),
-        Tick,
+        Release(1),
+        Deliver(1),
         Wake(2),
-        Attempt(2),
+        Deliver(2),
+        Wake(4),
+        Tick,
         Tick,
         Tick,
         Wake(3),
-        Wake(2),
-        Release(1),
+        Release(2),
         Wake(5),
         Deliver(2),
         Wake(4),
+        Deliver(2),
         Tick,
     ];
     finding("F6", reverted(cfg.clone(), Revert::F6Limit), cfg, &t, D);
 }
 
-/// F7 (open): the holder's process ('!h') is unknown when the lock was taken free while nobody
-/// was queued (the fast path, or any attempt on a lock whose fence says nobody waits): Redis
-/// records it only at a grant or when a queued attempt takes the lock from a queue. w0 (P0)
+/// F7: the holder's process ('!h') was unknown when the lock was taken free while nobody was
+/// queued (the fast path, or any attempt on a lock whose fence says nobody waits): Redis
+/// recorded it only at a grant or when a queued attempt took the lock from a queue. w0 (P0)
 /// takes the lock by the fast path; w1 (P0) and w2 (P1) queue and take the two watcher fields
 /// (they are of two processes, so `fits` allows it), w4 and w5 (P2) cannot replace w1, whose
 /// process holds the lock, because Redis does not know that. P1 is killed and P0 freezes: when
 /// the lease ends nobody looks, and P2's waiters sleep with the lock free (in the code, until
-/// the 100 s safety interval). `Proposal::PlainHolder` (the holder's process recorded whenever
-/// a waiter first queues behind a lock taken free) closes it.
+/// the 100 s safety interval). Fixed: a queued locker's tokens name its process, and the first
+/// member queued behind a lock taken free records the holder's process from its token
+/// (`held_by`); w4 then replaces w1 as a watcher. (The shortest trace with `Revert::F7Holder`,
+/// which is the model of 8d0d2c8.)
 #[test]
 fn finding_f7_holder_unknown() {
     let t = [
@@ -692,9 +663,5 @@ fn finding_f7_holder_unknown() {
         Tick,
     ];
     let cfg = with(&["freeze", "kill"]);
-    let proposal = Cfg {
-        proposal: Some(Proposal::PlainHolder),
-        ..cfg.clone()
-    };
-    finding("F7", cfg, proposal, &t, B);
+    finding("F7", reverted(cfg.clone(), Revert::F7Holder), cfg, &t, B);
 }
