@@ -86,6 +86,20 @@ fn options(kind: &str) -> LockOptions {
     }
 }
 
+/// This process's CPU time (user + system) in µs, from /proc/self/stat (10 ms resolution).
+fn cpu_us() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    ticks * 10_000 // CLK_TCK = 100 on Linux
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     statm
@@ -124,6 +138,7 @@ async fn worker_with<S: Strategy>(locker: Locker<S>, kind: &str) {
     }
     pipe.say("ready");
     let _go = pipe.input.recv().await;
+    let cpu_at_go = cpu_us();
 
     let records = Arc::new(Mutex::new(Vec::<String>::new()));
     match workload.as_str() {
@@ -265,6 +280,7 @@ async fn worker_with<S: Strategy>(locker: Locker<S>, kind: &str) {
         pipe.say(r.clone());
     }
     pipe.say(stats_line(&locker));
+    pipe.say(format!("C {}", cpu_us() - cpu_at_go));
     pipe.close();
 }
 
@@ -544,6 +560,14 @@ impl Report {
     }
 }
 
+/// The worker processes' CPU time (user + system) over the run, in µs.
+fn worker_cpu_us(run: &Run) -> f64 {
+    run.records
+        .iter()
+        .filter_map(|l| l.strip_prefix("C ")?.parse::<f64>().ok())
+        .sum()
+}
+
 fn handoff_figures(r: &mut Report, run: &Run) {
     let mut holds: Vec<(u64, u64, u64)> = run
         .records
@@ -596,6 +620,7 @@ fn handoff_figures(r: &mut Report, run: &Run) {
     r.quantiles("gap_diff_quantiles_ms", &diff);
     r.n("same_worker_share", same as f64 / (n.max(2) - 1) as f64);
     r.n("calls_per_acq", run.calls as f64 / n.max(1) as f64);
+    r.n("cpu_us_per_acq", worker_cpu_us(run) / n.max(1) as f64);
     r.n("commands_per_acq", run.commands as f64 / n.max(1) as f64);
     let min = per_worker.values().min().copied().unwrap_or(0);
     let max = per_worker.values().max().copied().unwrap_or(1);
@@ -675,6 +700,45 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
     Some((a, r))
 }
 
+/// The same measure for a peer-shaped lock without fence or queue (rslock's pair): a plain
+/// `SET NX PX` and a three-line release script.
+async fn plain_ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
+    let port = port?;
+    let release: String = admin
+        .custom(
+            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
+            vec![
+                "LOAD",
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            ],
+        )
+        .await
+        .ok()?;
+    let rps = |args: &[&str]| -> Option<f64> {
+        let out = Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-c",
+                "16",
+                "-n",
+                &requests.to_string(),
+                "-r",
+                "100000000",
+                "--csv",
+            ])
+            .args(args)
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text.lines().last()?;
+        row.split(',').nth(1)?.trim_matches('"').parse().ok()
+    };
+    let a = rps(&["SET", "{p:__rand_int__}", "tok", "NX", "PX", "30000"])?;
+    let r = rps(&["EVALSHA", &release, "1", "{p:__rand_int__}", "tok"])?;
+    Some((a, r))
+}
+
 /// `--only WORKLOAD` and `--locker KIND` select configurations (for profiling one of them).
 fn selected(flag: &str, value: &str) -> bool {
     let args: Vec<String> = std::env::args().collect();
@@ -729,11 +793,12 @@ async fn coordinator(quick: bool) {
                 Duration::ZERO,
             )
             .await;
-            let pairs = run.records.len();
+            let pairs = run.records.iter().filter(|l| l.starts_with("R ")).count();
             let mut r = Report::new(kind, "uncontended", tasks, 1);
             r.n("pairs", pairs as f64);
             r.n("pairs_per_s", pairs as f64 / run.wall.as_secs_f64());
             r.n("calls_per_pair", run.calls as f64 / pairs as f64);
+            r.n("cpu_us_per_pair", worker_cpu_us(&run) / pairs as f64);
             r.n("commands_per_pair", run.commands as f64 / pairs as f64);
             emit(r);
         }
@@ -751,6 +816,19 @@ async fn coordinator(quick: bool) {
         r.n("release_rps", rel);
         r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
         emit(r);
+        if let Some((a, rel)) = plain_ceiling(
+            &admin,
+            server.as_ref().map(|s| s.port),
+            if quick { 20000 } else { 200000 },
+        )
+        .await
+        {
+            let mut r = Report::new("plain SET NX PX + release script", "ceiling", 16, 1);
+            r.n("acquire_rps", a);
+            r.n("release_rps", rel);
+            r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
+            emit(r);
+        }
     }
 
     // 2. handoff

@@ -174,6 +174,8 @@ async fn nothing_piles_up() {
     assert_eq!(names.len(), 204, "one fence counter per key used");
     assert_eq!(common::lock_channels(&admin).await, 0, "a grant channel");
     tokio::time::sleep(retention + Duration::from_millis(200)).await;
-    let left: i64 = common::cmd(&admin, "DBSIZE", vec![]).await;
-    assert_eq!(left, 0, "keys left after the retention");
+    // KEYS, not DBSIZE: every key is past its expiry now, but Redis deletes expired keys in
+    // sampled background cycles, which lag on a busy machine; KEYS hides expired keys.
+    let left: Vec<String> = common::cmd(&admin, "KEYS *", vec![]).await;
+    assert!(left.is_empty(), "keys left after the retention: {left:?}");
 }

@@ -46,7 +46,8 @@ pub(crate) fn new_token() -> String {
 /// One acquisition request, validated.
 pub(crate) struct Request {
     pub(crate) names: Names,
-    pub(crate) token: String,
+    /// Shared with the hub's registry (one copy per waiter, not two).
+    pub(crate) token: Arc<str>,
     /// The token was generated for this call (only this call knows it).
     pub(crate) own_token: bool,
     pub(crate) plan: Plan,
@@ -67,9 +68,9 @@ impl Request {
         // holder's process when waiters queue behind a lock it took free (they keep the two
         // watchers out of it; see common.lua's header).
         let (token, own_token) = match opts.token() {
-            Some(t) => (t.to_owned(), false),
-            None if !hub.is_empty() => (format!("{hub}/{}", new_token()), true),
-            None => (new_token(), true),
+            Some(t) => (Arc::from(t), false),
+            None if !hub.is_empty() => (Arc::from(format!("{hub}/{}", new_token())), true),
+            None => (Arc::from(new_token()), true),
         };
         Ok(Request {
             names,
@@ -91,7 +92,7 @@ impl Request {
         LockGuard::new(
             Arc::clone(engine),
             self.names.clone(),
-            self.token.clone(),
+            self.token.to_string(),
             self.hub.clone(),
             self.plan.ttl(),
             self.plan.refresh_ratio,
@@ -183,11 +184,11 @@ pub(crate) enum Step {
 pub(crate) struct Waiting {
     pub(crate) start: Instant,
     pub(crate) deadline: Instant,
-    wait: Duration,
     pub(crate) attempts: u32,
     /// The error of the last attempt, when it failed for a reason worth reporting instead of
     /// `WaitTimeout` (a connection error, or a timeout of the full command timeout).
-    last_error: Option<Error>,
+    /// (Boxed: it is rare, and an `Error` inline would size every waiting future.)
+    last_error: Option<Box<Error>>,
     /// Made on first use: a queued waiter never needs it (and every waiting future would
     /// carry it).
     delays: Option<Box<Delays>>,
@@ -200,7 +201,6 @@ impl Waiting {
         Waiting {
             start,
             deadline: start + plan.wait,
-            wait: plan.wait,
             attempts: 0,
             last_error: None,
             delays: None,
@@ -208,9 +208,15 @@ impl Waiting {
         }
     }
 
+    /// Wait 0: one attempt (the deadline is the start; not stored twice, as every waiting
+    /// future carries this).
+    fn try_once(&self) -> bool {
+        self.deadline == self.start
+    }
+
     /// The time limit of an attempt sent at `now`, and whether the wait deadline cut it.
     pub(crate) fn limit(&self, command_timeout: Duration, now: Instant) -> (Duration, bool) {
-        if self.wait.is_zero() {
+        if self.try_once() {
             return (command_timeout, false);
         }
         let left = self
@@ -313,13 +319,13 @@ impl Waiting {
     /// deadline (and is remembered for the give-up rule, except a timeout that only the wait
     /// deadline caused); others end the wait.
     fn failed(&mut self, e: Error, cut: bool) -> Result<Step> {
-        if !e.is_transient() || self.wait.is_zero() {
+        if !e.is_transient() || self.try_once() {
             return Err(e);
         }
         // A timeout that only the wait deadline caused says nothing about Redis: the earlier
         // attempts' outcome stands (none: `WaitTimeout`).
         if !(cut && matches!(e, Error::Timeout { .. })) {
-            self.last_error = Some(e);
+            self.last_error = Some(Box::new(e));
         }
         Ok(Step::Failed)
     }
@@ -329,6 +335,7 @@ impl Waiting {
     pub(crate) fn give_up(&mut self, req: &Request) -> Error {
         self.last_error
             .take()
+            .map(|e| *e)
             .unwrap_or_else(|| Error::WaitTimeout {
                 key: req.names.key.clone(),
                 waited: self.start.elapsed(),
@@ -439,7 +446,7 @@ mod tests {
     fn request(plan: Plan) -> Request {
         Request {
             names: Names::new("waitlock:", "k").expect("valid key"),
-            token: new_token(),
+            token: new_token().into(),
             own_token: true,
             plan,
             hub: String::new(),

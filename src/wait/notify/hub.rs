@@ -312,10 +312,10 @@ impl Hub {
         self: &Arc<Self>,
         key: &str,
         channel: &str,
-        token: &str,
+        token: &Arc<str>,
     ) -> Result<Registration> {
         let cell = Arc::new(Cell::new());
-        let token: Arc<str> = Arc::from(token);
+        let token = Arc::clone(token);
         let (slot, new) = lock(&self.registry).join(key, channel, &token, &cell)?;
         if new {
             self.mark_dirty(channel.to_owned());
