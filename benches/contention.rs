@@ -369,19 +369,58 @@ const LUA_CMDS: [&str; 22] = [
     "zrank",
 ];
 
+/// `INFO <section>` of the server, or of every primary of a cluster, one after another.
+async fn info(admin: &Client, section: &'static str) -> Vec<String> {
+    if !admin.is_clustered() {
+        let one: String = common::cmd(admin, "INFO", vec![section.into()]).await;
+        return vec![one];
+    }
+    // CLUSTER NODES: "<id> <host:port@bus> <flags> ..." per node; primaries have "master".
+    let nodes: String = common::cmd(admin, "CLUSTER NODES", vec![]).await;
+    let primaries = nodes.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if !f.get(2)?.split(',').any(|x| x == "master") {
+            return None;
+        }
+        let (host, port) = f.get(1)?.split('@').next()?.rsplit_once(':')?;
+        Some(fred::types::config::Server::new(host, port.parse::<u16>().ok()?))
+    });
+    let mut all = Vec::new();
+    for node in primaries.collect::<Vec<_>>() {
+        let one: String = admin
+            .with_cluster_node(node.clone())
+            .custom(
+                fred::types::CustomCommand::new_static("INFO", None, false),
+                vec![section],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("INFO {section} of {node}: {e}"));
+        all.push(one);
+    }
+    all
+}
+
+/// Calls per command (summed over a cluster's primaries).
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
-    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
+    let mut stats = HashMap::new();
+    for text in info(admin, "commandstats").await {
+        for l in text.lines() {
+            let Some((name, rest)) = l
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls: Option<u64> = rest
                 .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse().ok());
+            if let Some(calls) = calls {
+                *stats.entry(name.to_owned()).or_insert(0) += calls;
+            }
+        }
+    }
+    stats
 }
 
 fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, names: &[&str]) -> u64 {
@@ -487,12 +526,17 @@ async fn run_config(
 }
 
 /// `used_memory` of `INFO memory`.
+/// Redis's `used_memory` (summed over a cluster's primaries).
 async fn used_memory(admin: &Client) -> i64 {
-    let info: String = common::cmd(admin, "INFO memory", vec![]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    info(admin, "memory")
+        .await
+        .iter()
+        .filter_map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|v| v.trim().parse::<i64>().ok())
+        })
+        .sum()
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
