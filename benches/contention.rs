@@ -344,6 +344,20 @@ const CLIENT_CMDS: [&str; 9] = [
     "ping",
     "script",
 ];
+/// What idle waiters send: no script runs while nothing is released, so every `PUBSUB
+/// SHARDNUMSUB` (which scripts also run inside Redis) is then the hub's audit on a cluster.
+const IDLE_CMDS: [&str; 10] = [
+    "evalsha",
+    "eval",
+    "script|load",
+    "subscribe",
+    "unsubscribe",
+    "ssubscribe",
+    "sunsubscribe",
+    "ping",
+    "script",
+    "pubsub|shardnumsub",
+];
 const LUA_CMDS: [&str; 22] = [
     "get",
     "set",
@@ -383,7 +397,10 @@ async fn info(admin: &Client, section: &'static str) -> Vec<String> {
             return None;
         }
         let (host, port) = f.get(1)?.split('@').next()?.rsplit_once(':')?;
-        Some(fred::types::config::Server::new(host, port.parse::<u16>().ok()?))
+        Some(fred::types::config::Server::new(
+            host,
+            port.parse::<u16>().ok()?,
+        ))
     });
     let mut all = Vec::new();
     for node in primaries.collect::<Vec<_>>() {
@@ -405,9 +422,7 @@ async fn commandstats(admin: &Client) -> HashMap<String, u64> {
     let mut stats = HashMap::new();
     for text in info(admin, "commandstats").await {
         for l in text.lines() {
-            let Some((name, rest)) = l
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
+            let Some((name, rest)) = l.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
             else {
                 continue;
             };
@@ -1063,8 +1078,8 @@ async fn coordinator(quick: bool) {
         let before = commandstats(&admin).await;
         tokio::time::sleep(idle).await;
         let after = commandstats(&admin).await;
-        let idle_calls = delta(&before, &after, &CLIENT_CMDS);
-        let mut by_cmd: Vec<String> = CLIENT_CMDS
+        let idle_calls = delta(&before, &after, &IDLE_CMDS);
+        let mut by_cmd: Vec<String> = IDLE_CMDS
             .iter()
             .map(|c| (c, delta(&before, &after, &[c])))
             .filter(|(_, n)| *n > 0)

@@ -220,8 +220,8 @@ async fn waiters_follow_a_slot_that_moves() {
     sorted.dedup();
     assert_eq!(sorted.len(), 3, "fences {fences:?}");
     let stats = locker.stats().wakes;
-    // The waiters learn of the move at their next check at the latest (check interval <= 1.25
-    // s), subscribe again on the new owner and are served.
+    // The waiters learn of the move from their hub's audit (every second: which grant channels
+    // each primary still has), subscribe again on the new owner and are served.
     assert!(
         first < Duration::from_secs(3),
         "first waiter held the lock {first:?} after the release"

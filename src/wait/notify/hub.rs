@@ -682,7 +682,10 @@ impl Hub {
     /// On a cluster: asks every primary which of this process's grant channels it still has
     /// (Redis drops the shard channels of a slot that moves to another node, and fred does not
     /// say so), and subscribes again those it lost; their waiters look again once Redis
-    /// confirms. One call per primary.
+    /// confirms. `PUBSUB SHARDNUMSUB` with this process's own channels (at most
+    /// [`AUDIT_BATCH`] per call), so that a call costs Redis a lookup per channel asked about:
+    /// `PUBSUB SHARDCHANNELS <pattern>` matched every shard channel of the node, so its cost
+    /// grew with the whole fleet's waiters (1.35 ms a call with 8 processes on 1,000 keys).
     async fn audit(&self) {
         let confirmed: Vec<Arc<Slot>> = lock(&self.registry)
             .map
@@ -697,18 +700,33 @@ impl Hub {
             return;
         }
         let client = engine.backend.next_client();
-        let pattern = format!("*{}", protocol::channel("", &self.id));
         let mut present = std::collections::HashSet::new();
         for server in client.active_connections() {
             let node = client.with_cluster_node(server);
-            let ask = node.custom::<Vec<String>, _>(
-                fred::types::CustomCommand::new_static("PUBSUB", None, false),
-                vec!["SHARDCHANNELS".to_owned(), pattern.clone()],
-            );
-            match tokio::time::timeout(self.command_timeout, ask).await {
-                Ok(Ok(channels)) => present.extend(channels),
-                // Cannot tell now: the next audit will.
-                _ => return,
+            for batch in confirmed.chunks(AUDIT_BATCH) {
+                let mut args = Vec::with_capacity(batch.len() + 1);
+                args.push("SHARDNUMSUB".to_owned());
+                args.extend(batch.iter().map(|slot| slot.channel.clone()));
+                let ask = node.custom::<Vec<fred::types::Value>, _>(
+                    fred::types::CustomCommand::new_static("PUBSUB", None, false),
+                    args,
+                );
+                match tokio::time::timeout(self.command_timeout, ask).await {
+                    // [channel, subscribers, channel, subscribers, ...]
+                    Ok(Ok(reply)) => {
+                        for pair in reply.chunks(2) {
+                            if let [channel, n] = pair {
+                                if n.as_i64().is_some_and(|n| n > 0) {
+                                    if let Some(channel) = channel.as_string() {
+                                        present.insert(channel);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    // Cannot tell now: the next audit will.
+                    _ => return,
+                }
             }
         }
         for slot in confirmed {
@@ -718,6 +736,10 @@ impl Hub {
         }
     }
 }
+
+/// Channels asked about per `PUBSUB SHARDNUMSUB` call of the cluster audit: one call stays
+/// well under a millisecond of Redis' time.
+const AUDIT_BATCH: usize = 1000;
 
 /// How often the housekeeper looks.
 const TICK: Duration = Duration::from_millis(250);
