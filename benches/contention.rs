@@ -695,42 +695,42 @@ fn handoff_figures(r: &mut Report, run: &Run) {
     r.n("wakes_timer", run.stats.1 as f64);
 }
 
+/// `SCRIPT LOAD`: the script's SHA1.
+async fn script_load(admin: &Client, script: &str) -> Option<String> {
+    admin
+        .custom(
+            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
+            vec!["LOAD", script],
+        )
+        .await
+        .ok()
+}
+
+/// Requests per second of `redis-benchmark -c 16` running one command `requests` times.
+fn redis_benchmark(port: u16, requests: usize, command: &[&str]) -> Option<f64> {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "16",
+            "-n",
+            &requests.to_string(),
+        ])
+        .args(["-r", "100000000", "--csv"])
+        .args(command)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text.lines().last()?;
+    row.split(',').nth(1)?.trim_matches('"').parse().ok()
+}
+
+/// What Redis does with the crate's own acquire and release scripts: (acquires/s, releases/s).
 async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
     let port = port?;
-    let acquire: String = admin
-        .custom(
-            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
-            vec!["LOAD", waitlock::scripts::ACQUIRE],
-        )
-        .await
-        .ok()?;
-    let release: String = admin
-        .custom(
-            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
-            vec!["LOAD", waitlock::scripts::RELEASE],
-        )
-        .await
-        .ok()?;
-    let rps = |args: Vec<String>| -> Option<f64> {
-        let out = Command::new("redis-benchmark")
-            .args([
-                "-p",
-                &port.to_string(),
-                "-c",
-                "16",
-                "-n",
-                &requests.to_string(),
-                "-r",
-                "100000000",
-                "--csv",
-            ])
-            .args(args)
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let row = text.lines().last()?;
-        row.split(',').nth(1)?.trim_matches('"').parse().ok()
-    };
+    let acquire = script_load(admin, waitlock::scripts::ACQUIRE).await?;
+    let release = script_load(admin, waitlock::scripts::RELEASE).await?;
     // The same KEYS and ARGV as the crate sends (see `waitlock::scripts`).
     let call = |sha: &str| -> Vec<String> {
         [
@@ -754,47 +754,33 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
         .map(String::from)
         .to_vec()
     };
-    let a = rps(call(&acquire))?;
-    let r = rps(call(&release))?;
-    Some((a, r))
+    let run = |sha: &str| {
+        let args = call(sha);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        redis_benchmark(port, requests, &args)
+    };
+    Some((run(&acquire)?, run(&release)?))
 }
 
 /// The same measure for a peer-shaped lock without fence or queue (rslock's pair): a plain
 /// `SET NX PX` and a three-line release script.
 async fn plain_ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
     let port = port?;
-    let release: String = admin
-        .custom(
-            waitlock::fred::types::CustomCommand::new_static("SCRIPT", None, false),
-            vec![
-                "LOAD",
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-            ],
-        )
-        .await
-        .ok()?;
-    let rps = |args: &[&str]| -> Option<f64> {
-        let out = Command::new("redis-benchmark")
-            .args([
-                "-p",
-                &port.to_string(),
-                "-c",
-                "16",
-                "-n",
-                &requests.to_string(),
-                "-r",
-                "100000000",
-                "--csv",
-            ])
-            .args(args)
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let row = text.lines().last()?;
-        row.split(',').nth(1)?.trim_matches('"').parse().ok()
-    };
-    let a = rps(&["SET", "{p:__rand_int__}", "tok", "NX", "PX", "30000"])?;
-    let r = rps(&["EVALSHA", &release, "1", "{p:__rand_int__}", "tok"])?;
+    let release = script_load(
+        admin,
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+    .await?;
+    let a = redis_benchmark(
+        port,
+        requests,
+        &["SET", "{p:__rand_int__}", "tok", "NX", "PX", "30000"],
+    )?;
+    let r = redis_benchmark(
+        port,
+        requests,
+        &["EVALSHA", &release, "1", "{p:__rand_int__}", "tok"],
+    )?;
     Some((a, r))
 }
 
