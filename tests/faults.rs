@@ -72,7 +72,6 @@ async fn worker() {
 
 async fn worker_with<S: Strategy>(locker: Locker<S>) {
     let locker = Arc::new(locker);
-    let queue = (&*locker as &dyn std::any::Any).downcast_ref::<PubSubLocker>();
     let store = client_for(&env("F_STORE_URL")).await;
     let mut pipe = Pipe::open();
     let tx = pipe.out.clone();
@@ -165,22 +164,8 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
     for t in tasks {
         t.await.expect("worker task");
     }
-    if let Some(l) = queue {
-        l.subscriptions_settled().await;
-    }
-    locker.idle().await;
-    let size = queue.map(|l| l.registry_size()).unwrap_or_default();
-    let _ = tx.send(format!(
-        "L {} {} {}",
-        size.keys,
-        size.waiters,
-        locker.background_tasks()
-    ));
-    let _ = tx.send("done".into());
-    // Stay connected until the coordinator has checked Redis' view of the subscriptions.
-    let _exit = pipe.input.recv().await;
     drop(tx);
-    pipe.close();
+    common::worker::finish_locker(&locker, pipe).await;
 }
 
 // ------------------------------------------------------------------ coordinator

@@ -358,22 +358,8 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
     for t in tasks {
         t.await.expect("worker task");
     }
-    if let Some(l) = queue {
-        l.subscriptions_settled().await;
-    }
-    locker.idle().await;
-    let size = queue.map(|l| l.registry_size()).unwrap_or_default();
-    let _ = tx.send(format!(
-        "L {} {} {}",
-        size.keys,
-        size.waiters,
-        locker.background_tasks()
-    ));
-    let _ = tx.send("done".into());
-    // Stay connected until the coordinator has looked at Redis.
-    let _exit = pipe.input.recv().await;
     drop(tx);
-    pipe.close();
+    common::worker::finish_locker(&locker, pipe).await;
 }
 
 /// Holds a lock `acquire_wait` or `acquire` returned: the section, then the release.

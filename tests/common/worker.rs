@@ -193,3 +193,28 @@ pub fn field(line: &str, i: usize) -> u64 {
         .and_then(|x| x.parse().ok())
         .unwrap_or(0)
 }
+
+/// The end of a locker worker's run, once its tasks are done and the caller dropped its own
+/// senders: settles the subscriptions, waits until the locker has no background work, says
+/// `L <keys> <waiters> <background tasks>` and `done`, then stays connected until the parent
+/// (which looks at Redis meanwhile) says anything.
+pub async fn finish_locker<S: waitlock::strategy::Strategy>(
+    locker: &waitlock::Locker<S>,
+    mut pipe: Pipe,
+) {
+    let queue = (locker as &dyn std::any::Any).downcast_ref::<waitlock::PubSubLocker>();
+    if let Some(l) = queue {
+        l.subscriptions_settled().await;
+    }
+    locker.idle().await;
+    let size = queue.map(|l| l.registry_size()).unwrap_or_default();
+    pipe.say(format!(
+        "L {} {} {}",
+        size.keys,
+        size.waiters,
+        locker.background_tasks()
+    ));
+    pipe.say("done");
+    let _exit = pipe.input.recv().await;
+    pipe.close();
+}
