@@ -848,31 +848,24 @@ async fn coordinator(quick: bool) {
             emit(r);
         }
     }
-    if !selected("--only", "uncontended") {
-    } else if let Some((a, rel)) = ceiling(
-        &admin,
-        server.as_ref().map(|s| s.port),
-        if quick { 20000 } else { 200000 },
-    )
-    .await
-    {
-        let mut r = Report::new("redis-benchmark", "ceiling", 16, 1);
-        r.n("acquire_rps", a);
-        r.n("release_rps", rel);
-        r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
-        emit(r);
-        if let Some((a, rel)) = plain_ceiling(
-            &admin,
-            server.as_ref().map(|s| s.port),
-            if quick { 20000 } else { 200000 },
-        )
-        .await
-        {
-            let mut r = Report::new("plain SET NX PX + release script", "ceiling", 16, 1);
-            r.n("acquire_rps", a);
-            r.n("release_rps", rel);
-            r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
-            emit(r);
+    if selected("--only", "uncontended") {
+        let port = server.as_ref().map(|s| s.port);
+        let requests = if quick { 20000 } else { 200000 };
+        let ceilings = [
+            ("redis-benchmark", ceiling(&admin, port, requests).await),
+            (
+                "plain SET NX PX + release script",
+                plain_ceiling(&admin, port, requests).await,
+            ),
+        ];
+        for (name, rps) in ceilings {
+            if let Some((a, rel)) = rps {
+                let mut r = Report::new(name, "ceiling", 16, 1);
+                r.n("acquire_rps", a);
+                r.n("release_rps", rel);
+                r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
+                emit(r);
+            }
         }
     }
 
