@@ -109,8 +109,17 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     let (sa, sb) = (a.stats(), b.stats());
     let grants = sa.wakes.by_notification + sb.wakes.by_notification;
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
-    assert_eq!(grants, 300, "handoffs by grant: {sa:?} {sb:?}");
+    // Handoffs are grants, except where a waiter's own look crossed its grant and claimed it
+    // (docs/design.md, "Race analysis"): that counts as a look (0-3 of 300 in eight runs). A
+    // primary whose grants did not arrive would turn a third of the handoffs (its keys) into
+    // looks at the lease's end (30 s): the count, the timer wakes and the longest wait each
+    // rule that out.
+    assert!(grants >= 250, "handoffs by grant: {sa:?} {sb:?}");
     assert_eq!(sa.wakes.by_timer + sb.wakes.by_timer, 0);
+    assert!(
+        sa.wait.max.max(sb.wait.max) < Duration::from_secs(10),
+        "a waiter waited for a lease's end: {sa:?} {sb:?}"
+    );
     // One subscriber connection per primary and locker at most.
     assert!(subscribers.iter().all(|n| *n <= 2), "{subscribers:?}");
     a.subscriptions_settled().await;
@@ -119,7 +128,7 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     for k in &keys {
         assert_eq!(holder.status(k).await.expect("status").queued, 0, "{k}");
     }
-    println!("300 handoffs by grant over 3 primaries; shard subscriber connections per primary: {subscribers:?}");
+    println!("300 handoffs, {grants} by grant, over 3 primaries; shard subscriber connections per primary: {subscribers:?}; {:?} {:?}", sa.wakes, sb.wakes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
