@@ -1369,6 +1369,11 @@ impl Queue {
     // take_watch, the deadline)
     fn wake(&self, s: &mut St, w: usize) {
         let mut t = Self::wt(s, w);
+        // Woken by a message (the select's `notified()`), not by its timer or deadline.
+        let by_message = t.permit
+            && !(s.now >= t.deadline
+                || t.timer.is_some_and(|v| v <= s.now)
+                || t.watch.is_some_and(|v| v <= s.now));
         t.permit = false;
         if let Some(g) = t.grant.take() {
             if t.anchor.is_none_or(|a| g.fence > a.0) {
@@ -1389,7 +1394,9 @@ impl Queue {
             // `check = hub_woke`: a hub wake always makes it look (F4 reverted: never here)
             t.check = hub_wake;
         } else {
-            t.check = true;
+            // `check = hub_woke || reason is not a message`: a message that left nothing in
+            // the mail (a left-over permit, a stale grant) gives nothing to look at.
+            t.check = hub_wake || !by_message;
         }
         if s.now >= t.deadline {
             // WaitTimeout; the queue residue leaves in the background ('G')

@@ -354,11 +354,19 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             counters.woke(Some(WakeReason::Watch));
             watch = Some(Instant::now() + px + Duration::from_millis(1));
             check = hub_woke;
-        } else {
+        } else if hub_woke || !matches!(reason, Some(WakeReason::Notification | WakeReason::Watch))
+        {
             if reason != Some(WakeReason::Notification) {
                 counters.woke(reason);
             }
             check = true;
+        } else {
+            // Woken by a message with nothing in the mail: a permit left over (two messages
+            // came before the waiter ran; the first wake took both mails), or a grant from
+            // before our last queueing attempt, which that attempt saw. Nothing new to look
+            // at, and a look now can cross our own grant and take it as a look. A timer that
+            // is due fires at the next select.
+            check = false;
         }
         if Instant::now() >= w.deadline {
             // The queue residue takes us out of the queue in the background.
