@@ -110,7 +110,8 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     let grants = sa.wakes.by_notification + sb.wakes.by_notification;
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
     // Handoffs are grants, except where a waiter's own look crossed its grant and claimed it
-    // (docs/design.md, "Race analysis"): that counts as a look (0-3 of 300 in eight runs). A
+    // (docs/design.md, "Race analysis"): that counts as a look (0-3 of 300 while left-over
+    // wake-ups made looks; none in five runs since). A
     // primary whose grants did not arrive would turn a third of the handoffs (its keys) into
     // looks at the lease's end (30 s): the count, the timer wakes and the longest wait each
     // rule that out.
