@@ -111,10 +111,9 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
     // Handoffs are grants, except where a waiter's own look crossed its grant and claimed it
     // (docs/design.md, "Race analysis"): that counts as a look (0-3 of 300 while left-over
-    // wake-ups made looks; none in five runs since). A
-    // primary whose grants did not arrive would turn a third of the handoffs (its keys) into
-    // looks at the lease's end (30 s): the count, the timer wakes and the longest wait each
-    // rule that out.
+    // wake-ups made looks; none in five runs since). A primary whose grants did not arrive
+    // would turn a third of the handoffs (its keys) into looks at the lease's end (30 s): the
+    // count, the timer wakes and the longest wait each rule that out.
     assert!(grants >= 250, "handoffs by grant: {sa:?} {sb:?}");
     assert_eq!(sa.wakes.by_timer + sb.wakes.by_timer, 0);
     assert!(
