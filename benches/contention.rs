@@ -411,18 +411,8 @@ async fn info(admin: &Client, section: &'static str) -> Vec<String> {
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
     let mut stats = HashMap::new();
     for text in info(admin, "commandstats").await {
-        for l in text.lines() {
-            let Some((name, rest)) = l.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let calls: Option<u64> = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse().ok());
-            if let Some(calls) = calls {
-                *stats.entry(name.to_owned()).or_insert(0) += calls;
-            }
+        for (name, calls) in common::command_calls(&text) {
+            *stats.entry(name).or_insert(0) += calls;
         }
     }
     stats
@@ -530,7 +520,6 @@ async fn run_config(
     }
 }
 
-/// `used_memory` of `INFO memory`.
 /// Redis's `used_memory` (summed over a cluster's primaries).
 async fn used_memory(admin: &Client) -> i64 {
     info(admin, "memory")

@@ -474,11 +474,9 @@ async fn five_thousand_slots_resubscribe_after_a_kill() {
             .primaries()
             .iter()
             .filter_map(|p| {
-                cli(*p, &["info", "commandstats"])
-                    .lines()
-                    .find_map(|l| l.strip_prefix("cmdstat_ssubscribe:calls="))
-                    .and_then(|v| v.split(',').next())
-                    .and_then(|v| v.parse::<u64>().ok())
+                common::command_calls(&cli(*p, &["info", "commandstats"]))
+                    .get("ssubscribe")
+                    .copied()
             })
             .sum()
     };

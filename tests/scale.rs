@@ -4,7 +4,6 @@
 mod common;
 
 use common::RedisServer;
-use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
@@ -13,18 +12,7 @@ use waitlock::{LockOptions, Locker};
 /// Client calls so far (the commands a client sends: scripts, (un)subscribes, pings).
 async fn client_calls(admin: &Client) -> u64 {
     let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    let calls: HashMap<String, u64> = info
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let n = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), n))
-        })
-        .collect();
+    let calls = common::command_calls(&info);
     [
         "evalsha",
         "eval",

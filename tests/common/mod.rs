@@ -301,6 +301,21 @@ pub async fn try_cmd<R: FromValue + Default>(
         .unwrap_or_default()
 }
 
+/// Calls per command in the text of `INFO commandstats` (`cmdstat_<name>:calls=<n>,...`).
+pub fn command_calls(info: &str) -> std::collections::HashMap<String, u64> {
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
 /// Channels subscribed on the server (sharded and classic), via PUBSUB SHARDCHANNELS/CHANNELS.
 pub async fn lock_channels(client: &Client) -> usize {
     let sharded: Vec<String> = cmd(client, "PUBSUB SHARDCHANNELS", vec![]).await;
