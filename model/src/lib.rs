@@ -1370,10 +1370,7 @@ impl Queue {
     fn wake(&self, s: &mut St, w: usize) {
         let mut t = Self::wt(s, w);
         // Woken by a message (the select's `notified()`), not by its timer or deadline.
-        let by_message = t.permit
-            && !(s.now >= t.deadline
-                || t.timer.is_some_and(|v| v <= s.now)
-                || t.watch.is_some_and(|v| v <= s.now));
+        let by_message = t.permit && !Self::time_due(s, &t);
         t.permit = false;
         if let Some(g) = t.grant.take() {
             if t.anchor.is_none_or(|a| g.fence > a.0) {
@@ -1425,8 +1422,13 @@ impl Queue {
     }
 
     fn wake_due(&self, s: &St, t: &Wt) -> bool {
+        t.permit || Self::time_due(s, t)
+    }
+
+    /// The select's sleep is over: the deadline, the backoff timer or the watch time is due.
+    fn time_due(s: &St, t: &Wt) -> bool {
         let due = |x: Option<u8>| x.is_some_and(|v| v <= s.now);
-        t.permit || s.now >= t.deadline || due(t.timer) || due(t.watch)
+        s.now >= t.deadline || due(t.timer) || due(t.watch)
     }
 
     // ---------------------------------------------------------------- properties' helpers
