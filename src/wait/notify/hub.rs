@@ -714,15 +714,12 @@ impl Hub {
                 match tokio::time::timeout(self.command_timeout, ask).await {
                     // [channel, subscribers, channel, subscribers, ...]
                     Ok(Ok(reply)) => {
-                        for pair in reply.chunks(2) {
-                            if let [channel, n] = pair {
-                                if n.as_i64().is_some_and(|n| n > 0) {
-                                    if let Some(channel) = channel.as_string() {
-                                        present.insert(channel);
-                                    }
-                                }
+                        present.extend(reply.chunks(2).filter_map(|pair| match pair {
+                            [channel, n] if n.as_i64().is_some_and(|n| n > 0) => {
+                                channel.as_string()
                             }
-                        }
+                            _ => None,
+                        }))
                     }
                     // Cannot tell now: the next audit will.
                     _ => return,
