@@ -191,6 +191,18 @@ pub enum Error {
         /// The replication timeout that passed.
         after: Duration,
     },
+    /// The key has another number of permits than asked for: it is fixed while anyone holds or
+    /// waits for them (a semaphore of 4 and one of 8 on the same key would each count their
+    /// own). Nothing was changed.
+    #[error("permits {key:?}: the key has {current} permits while in use, not {asked}")]
+    PermitsMismatch {
+        /// The user's key.
+        key: String,
+        /// The number of permits this call's semaphore has.
+        asked: u32,
+        /// The number the key has now.
+        current: u32,
+    },
     /// Redis did not answer a call in time.
     ///
     /// `after` is the locker's command timeout, or less for a refresh (cut to the lock's
@@ -243,6 +255,7 @@ impl Error {
             | Error::WrongType { key, .. }
             | Error::Timeout { key, .. }
             | Error::NotReplicated { key, .. }
+            | Error::PermitsMismatch { key, .. }
             | Error::Redis { key, .. } => key,
             Error::Connect { .. } => "",
         }

@@ -11,12 +11,29 @@ use crate::error::{Error, Result};
 /// Keys longer than this are refused.
 pub(crate) const MAX_KEY_LEN: usize = 16 * 1024;
 
+/// What a key's names stand for: a lock, or permits (a semaphore or a read-write lock, whose
+/// names are the lock's with `:s` after the hash tag: `{pk}:s`, `{pk}:s:fence`, `{pk}:s:q`,
+/// `{pk}:s:p`, `{pk}:s:f` and `{pk}:s:w:<process id>`; a lock's name always ends with `}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Lock,
+    /// `limit` permits (0: not known here, e.g. for a grant whose waiter is gone; only
+    /// acquiring needs it).
+    Permits {
+        limit: u32,
+    },
+}
+
+/// The suffix of a permit key's holders set after the shared hash tag.
+const PERMITS_SUFFIX: &str = ":s";
+
 /// The Redis names behind one user key (the others derive from the lock's name when a call
-/// needs them: a waiting future keeps only these two).
+/// needs them: a waiting future keeps only these).
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
     pub(crate) key: String,
     pub(crate) lock: String,
+    pub(crate) kind: Kind,
 }
 
 impl Names {
@@ -26,7 +43,23 @@ impl Names {
         Ok(Names {
             key: key.to_owned(),
             lock,
+            kind: Kind::Lock,
         })
+    }
+
+    /// The names of `limit` permits on `key` (a semaphore's or a read-write lock's).
+    pub(crate) fn permits(prefix: &str, key: &str, limit: u32) -> Result<Names> {
+        check_key(key)?;
+        Ok(Names {
+            key: key.to_owned(),
+            lock: format!("{{{prefix}{key}}}{PERMITS_SUFFIX}"),
+            kind: Kind::Permits { limit },
+        })
+    }
+
+    /// The hash of permit holders' fences (permits only).
+    pub(crate) fn holder_fences(&self) -> String {
+        format!("{}:f", self.lock)
     }
 
     /// The fence counter's name.
@@ -47,9 +80,15 @@ impl Names {
     /// The names behind a lock name (for a grant whose waiter is gone: the channel gives
     /// only the lock's Redis name, which then stands for the key in errors and logs).
     pub(crate) fn from_lock(lock: &str) -> Names {
+        let kind = if lock.ends_with(PERMITS_SUFFIX) {
+            Kind::Permits { limit: 0 }
+        } else {
+            Kind::Lock
+        };
         Names {
             key: lock.to_owned(),
             lock: lock.to_owned(),
+            kind,
         }
     }
 
@@ -112,6 +151,13 @@ mod tests {
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.processes()), "{key}");
             assert_eq!(hash_tag(&n.lock), hash_tag(&n.channel("ab12")), "{key}");
             assert!(!hash_tag(&n.lock).is_empty());
+            let p = Names::permits("waitlock:", key, 3).unwrap();
+            assert_eq!(hash_tag(&n.lock), hash_tag(&p.lock), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&p.holder_fences()), "{key}");
+            assert_eq!(hash_tag(&n.lock), hash_tag(&p.channel("ab12")), "{key}");
+            assert_eq!(Names::from_lock(&p.lock).kind, Kind::Permits { limit: 0 });
+            assert_eq!(Names::from_lock(&n.lock).kind, Kind::Lock);
+            assert_ne!(n.fence(), p.fence());
         }
     }
 

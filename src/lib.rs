@@ -9,6 +9,7 @@ mod keys;
 mod locker;
 pub mod metrics;
 mod options;
+mod permits;
 mod redis;
 mod stats;
 mod status;
@@ -25,6 +26,7 @@ pub use locker::{
     DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
 };
 pub use options::{Backoff, LockOptions};
+pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
 #[cfg(feature = "tls-rustls")]
 pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
@@ -52,6 +54,19 @@ pub mod scripts {
     pub const LEAVE: &str = crate::redis::scripts::LEAVE;
     /// Status: reads the lock, its fence and its queue length.
     pub const STATUS: &str = crate::redis::scripts::STATUS;
+    /// Permits (a semaphore's, a read-write lock's): acquire, queueing when given a member.
+    /// `KEYS` are holders `{pk}:s`, state `{pk}:s:fence`, queue `{pk}:s:q`, processes
+    /// `{pk}:s:p`, holder fences `{pk}:s:f`; `ARGV` as above, then the key's permits. The
+    /// token is `w<weight>:<id>`.
+    pub const PERMIT_ACQUIRE: &str = crate::redis::scripts::PERMIT_ACQUIRE;
+    /// Permits: the holder's lease is the TTL again.
+    pub const PERMIT_EXTEND: &str = crate::redis::scripts::PERMIT_EXTEND;
+    /// Permits: give them back; grant to the waiters that now fit.
+    pub const PERMIT_RELEASE: &str = crate::redis::scripts::PERMIT_RELEASE;
+    /// Permits: a waiter leaves the queue (flags as [`LEAVE`]).
+    pub const PERMIT_LEAVE: &str = crate::redis::scripts::PERMIT_LEAVE;
+    /// Permits: status (permits, held, holders, queued, first lease end, fence).
+    pub const PERMIT_STATUS: &str = crate::redis::scripts::PERMIT_STATUS;
 }
 
 /// The fred crate this crate is built on, for building clients of the same version.

@@ -148,6 +148,8 @@ pub(crate) mod reply {
     pub(crate) const DONE: i64 = 1;
     /// release, leave: handed to a waiter (or, leave, given back).
     pub(crate) const HANDED_OVER: i64 = 2;
+    /// acquire (permits): the key has another number of permits while in use (with it).
+    pub(crate) const OTHER_LIMIT: i64 = 5;
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use super::protocol::{reply, LeaveFlag};
 use super::{Client, Engine};
 use crate::error::{Error, Op, Result};
-use crate::keys::Names;
+use crate::keys::{Kind, Names};
 use fred::interfaces::{ClientLike, LuaInterface, ServerInterface};
 use fred::types::scripts::Script;
 use std::time::Duration;
@@ -31,6 +31,27 @@ pub(crate) const RELEASE: &str = lua!("lua/release.lua");
 pub(crate) const LEAVE: &str = lua!("lua/leave.lua");
 /// Status: read only.
 pub(crate) const STATUS: &str = lua!("lua/status.lua");
+
+macro_rules! permits_lua {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/common.lua"),
+            include_str!("lua/permits.lua"),
+            include_str!($file)
+        )
+    };
+}
+
+/// Permits: acquire (queueing when given a member).
+pub(crate) const PERMIT_ACQUIRE: &str = permits_lua!("lua/permit_acquire.lua");
+/// Permits: extend a holder's lease.
+pub(crate) const PERMIT_EXTEND: &str = permits_lua!("lua/permit_extend.lua");
+/// Permits: give them back and grant to the waiters that now fit.
+pub(crate) const PERMIT_RELEASE: &str = permits_lua!("lua/permit_release.lua");
+/// Permits: a waiter leaves the queue, keeping or giving back a grant.
+pub(crate) const PERMIT_LEAVE: &str = permits_lua!("lua/permit_leave.lua");
+/// Permits: status, read only.
+pub(crate) const PERMIT_STATUS: &str = permits_lua!("lua/permit_status.lua");
 
 /// What an acquire attempt learned.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +131,17 @@ pub(crate) struct RawStatus {
     pub(crate) queued: u64,
 }
 
+/// What a permit status read found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawPermits {
+    pub(crate) limit: u64,
+    pub(crate) used: u64,
+    pub(crate) holders: u64,
+    pub(crate) queued: u64,
+    pub(crate) first_end: Duration,
+    pub(crate) fence: u64,
+}
+
 /// A script and the operation name its errors carry.
 pub(crate) struct Lua {
     script: Script,
@@ -125,7 +157,8 @@ impl Lua {
     }
 }
 
-pub(crate) struct Scripts {
+/// One kind of key's scripts.
+pub(crate) struct Set {
     acquire: Lua,
     extend: Lua,
     release: Lua,
@@ -133,14 +166,36 @@ pub(crate) struct Scripts {
     status: Lua,
 }
 
+pub(crate) struct Scripts {
+    lock: Set,
+    permits: Set,
+}
+
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            acquire: Lua::new(Op::Acquire, ACQUIRE),
-            extend: Lua::new(Op::Extend, EXTEND),
-            release: Lua::new(Op::Release, RELEASE),
-            leave: Lua::new(Op::LeaveQueue, LEAVE),
-            status: Lua::new(Op::Status, STATUS),
+            lock: Set {
+                acquire: Lua::new(Op::Acquire, ACQUIRE),
+                extend: Lua::new(Op::Extend, EXTEND),
+                release: Lua::new(Op::Release, RELEASE),
+                leave: Lua::new(Op::LeaveQueue, LEAVE),
+                status: Lua::new(Op::Status, STATUS),
+            },
+            permits: Set {
+                acquire: Lua::new(Op::Acquire, PERMIT_ACQUIRE),
+                extend: Lua::new(Op::Extend, PERMIT_EXTEND),
+                release: Lua::new(Op::Release, PERMIT_RELEASE),
+                leave: Lua::new(Op::LeaveQueue, PERMIT_LEAVE),
+                status: Lua::new(Op::Status, PERMIT_STATUS),
+            },
+        }
+    }
+
+    /// The scripts of `names`' kind of key.
+    fn of(&self, names: &Names) -> &Set {
+        match names.kind {
+            Kind::Lock => &self.lock,
+            Kind::Permits { .. } => &self.permits,
         }
     }
 }
@@ -203,7 +258,7 @@ impl Engine {
     fn argv(&self, c: &Call<'_>) -> Vec<String> {
         let retention = ms(self.retention);
         let (flag, fence) = c.leave.map(LeaveFlag::args).unwrap_or(("", String::new()));
-        vec![
+        let mut argv = vec![
             c.token.to_owned(),
             c.ttl_ms.to_string(),
             retention.to_string(),
@@ -213,7 +268,11 @@ impl Engine {
             c.hub.to_owned(),
             flag.to_owned(),
             fence,
-        ]
+        ];
+        if let Kind::Permits { limit } = c.names.kind {
+            argv.push(limit.to_string());
+        }
+        argv
     }
 
     /// EVALSHA (or EVAL), bounded by `limit`: loads the script on NOSCRIPT (after SCRIPT
@@ -229,12 +288,15 @@ impl Engine {
         how: Via,
     ) -> Result<Vec<i64>> {
         let (script, op, names) = (&lua.script, lua.op, c.names);
-        let keys = vec![
+        let mut keys = vec![
             names.lock.clone(),
             names.fence(),
             names.queue(),
             names.processes(),
         ];
+        if let Kind::Permits { .. } = names.kind {
+            keys.push(names.holder_fences());
+        }
         let args = self.argv(c);
         // Boxed: fred's call state is several KiB, and an unboxed future would make every
         // future that awaits it (a waiter, a task holding a guard until `release`) that large
@@ -320,7 +382,7 @@ impl Engine {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let reply = self
-                .eval(client, &self.scripts.acquire, c, left, Via::Sha)
+                .eval(client, &self.scripts.of(c.names).acquire, c, left, Via::Sha)
                 .await?;
             return Ok(match reply.as_slice() {
                 [reply::ACQUIRED, _, fence] => Attempt::Acquired {
@@ -349,6 +411,16 @@ impl Engine {
                         depth: (*depth).max(0) as u64,
                     }),
                 },
+                [reply::OTHER_LIMIT, current] => {
+                    return Err(Error::PermitsMismatch {
+                        key: c.names.key.clone(),
+                        asked: match c.names.kind {
+                            Kind::Permits { limit } => limit,
+                            Kind::Lock => 0,
+                        },
+                        current: (*current).clamp(0, i64::from(u32::MAX)) as u32,
+                    })
+                }
                 [reply::CONTINUE] => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     self.release_on(client, c.names, c.token, c.hub, left)
@@ -370,7 +442,7 @@ impl Engine {
         limit: Duration,
     ) -> Result<Extended> {
         let reply = self
-            .eval(client, &self.scripts.extend, c, limit, Via::Sha)
+            .eval(client, &self.scripts.of(c.names).extend, c, limit, Via::Sha)
             .await?;
         let extended = match reply.as_slice() {
             [reply::NOT_HELD] => return Ok(Extended::NotHeld),
@@ -458,7 +530,7 @@ impl Engine {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let reply = self
-                .eval(client, &self.scripts.release, &c, left, how)
+                .eval(client, &self.scripts.of(names).release, &c, left, how)
                 .await?;
             let released = match reply.as_slice() {
                 [reply::NOT_HELD, reply::CONTINUE] => {
@@ -486,7 +558,7 @@ impl Engine {
     ) -> Result<Left> {
         let deadline = Instant::now() + limit;
         let reply = self
-            .eval(client, &self.scripts.leave, c, limit, how)
+            .eval(client, &self.scripts.of(c.names).leave, c, limit, how)
             .await?;
         Ok(match reply.as_slice() {
             [reply::NOT_HELD] => Left::Nothing,
@@ -507,7 +579,7 @@ impl Engine {
         let reply = self
             .eval(
                 self.backend.next_client(),
-                &self.scripts.status,
+                &self.scripts.lock.status,
                 &c,
                 self.command_timeout,
                 Via::Sha,
@@ -519,6 +591,32 @@ impl Engine {
                 pttl: *pttl,
                 fence: (*fence).max(0) as u64,
                 queued: (*queued).max(0) as u64,
+            }),
+            other => Err(unexpected(names, Op::Status, other)),
+        }
+    }
+
+    /// A permit key's state, read in one script call.
+    pub(crate) async fn permit_status(&self, names: &Names) -> Result<RawPermits> {
+        let c = Call::new(names, "-");
+        let reply = self
+            .eval(
+                self.backend.next_client(),
+                &self.scripts.permits.status,
+                &c,
+                self.command_timeout,
+                Via::Sha,
+            )
+            .await?;
+        let n = |v: i64| v.max(0) as u64;
+        match reply.as_slice() {
+            [limit, used, holders, queued, first_end, fence] => Ok(RawPermits {
+                limit: n(*limit),
+                used: n(*used),
+                holders: n(*holders),
+                queued: n(*queued),
+                first_end: Duration::from_millis(n(*first_end)),
+                fence: n(*fence),
             }),
             other => Err(unexpected(names, Op::Status, other)),
         }

@@ -81,6 +81,52 @@ impl Request {
         })
     }
 
+    /// A request for `weight` of the `limit` permits on `key` (a semaphore's or a read-write
+    /// lock's). Its token is generated and says its weight: `w<weight>:<id>`.
+    pub(crate) fn permits(
+        engine: &Engine,
+        key: &str,
+        opts: &LockOptions,
+        hub: &str,
+        limit: u32,
+        weight: u32,
+    ) -> Result<Request> {
+        let plan = opts.validate(key)?;
+        let invalid = |field, value: String, reason| Error::InvalidOptions {
+            key: key.to_owned(),
+            field,
+            value,
+            reason,
+        };
+        if opts.token().is_some() {
+            return Err(invalid(
+                "token",
+                "fixed".to_owned(),
+                "a permit's token is generated (it carries its weight)",
+            ));
+        }
+        if weight == 0 || weight > limit {
+            return Err(invalid(
+                "permits",
+                weight.to_string(),
+                "must be at least 1 and at most the semaphore's permits",
+            ));
+        }
+        let names = Names::permits(&engine.prefix, key, limit)?;
+        let id = if hub.is_empty() {
+            new_token()
+        } else {
+            format!("{hub}/{}", new_token())
+        };
+        Ok(Request {
+            names,
+            token: Arc::from(format!("w{weight}:{id}")),
+            own_token: true,
+            plan,
+            hub: hub.to_owned(),
+        })
+    }
+
     /// The client every call of this request goes through (see `Backend::client_for`).
     pub(crate) fn client<'e>(&self, engine: &'e Engine) -> &'e Client {
         engine.backend.client_for(&self.token)

@@ -367,5 +367,8 @@ local function slow()
 
   return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
-    watch = watch, held_by = held_by, holder_hub = holder_hub}
+    watch = watch, held_by = held_by, holder_hub = holder_hub,
+    -- The permit scripts' queue (permits.lua) uses these too.
+    watching = watching, process = process, publish = publish, listener = listener,
+    split_member = split_member}
 end

@@ -1,0 +1,62 @@
+-- Model: `Permits::acquire` in model/src/permits.rs mirrors this script (change both together).
+-- Acquire TOKEN's weight in permits of a key of ARGV[10] permits; when they do not fit (or
+-- waiters are queued, who come first) and MEMBER is given, queue MEMBER. Replies as
+-- acquire.lua's, pttl being the time until the first lease ends: {0, ttl, fence} acquired;
+-- {1, pttl, fence} this token holds them already; {2, pttl, 0[, 1]} not now (1: waiters are
+-- queued); {2, pttl, 1, listening, fence, watching, time, depth} not now, MEMBER queued; and
+-- {5, limit}: the key has `limit` permits while someone holds or waits (nothing changed).
+local w, asked = weight_of(TOKEN), tonumber(ARGV[10])
+if not w or not asked or w < 1 or w > asked then
+  return redis.error_reply('ERR waitlock: a permit token is w<weight>:<id>, 1 <= weight <= permits')
+end
+local s = state()
+if s.limit ~= asked then
+  if s.limit and (redis.call('EXISTS', HOLDERS) == 1 or redis.call('EXISTS', PQ) == 1) then
+    return {5, s.limit}
+  end
+  s.limit, s.changed = asked, true
+end
+local before = s.used
+purge(s)
+local score = redis.call('ZSCORE', HOLDERS, TOKEN)
+if score then
+  local left = tonumber(score) - now_ms()
+  if left > 0 then
+    -- Granted already (its message lost, or crossing this call).
+    serve_freed(s, before, false)
+    settle(s)
+    return {1, left, tonumber(redis.call('HGET', FENCES, TOKEN)) or 0}
+  end
+  drop_holder(s, TOKEN)
+end
+local L = nil
+if redis.call('EXISTS', PQ) == 1 then
+  -- Waiters are queued: they come first, the caller among them if it is queued.
+  L = slow()
+  local mine, changed = serve(L, s, MEMBER)
+  if changed then after_serve(L, s) end
+  if mine then
+    settle(s)
+    return {0, tonumber(TTL), mine}
+  end
+end
+local queued = redis.call('EXISTS', PQ)
+if queued == 0 and s.used + w <= s.limit then
+  local f = hold(s, TOKEN, tonumber(TTL))
+  settle(s)
+  return {0, tonumber(TTL), f}
+end
+local pttl = first_end()
+if MEMBER == '' then
+  settle(s)
+  if queued == 1 then return {2, pttl, 0, 1} end
+  return {2, pttl, 0}
+end
+L = L or slow()
+L.seen(HUB)
+if redis.call('ZADD', PQ, 'NX', now_us(), MEMBER) == 1 then redis.call('PEXPIRE', PQ, RETAIN) end
+local listening = 0
+if L.listener(HUB) then listening = 1 end
+local watching = L.watching(pttl)
+settle(s)
+return {2, pttl, 1, listening, s.fence, watching, now_us(), redis.call('ZCARD', PQ)}

@@ -1,0 +1,174 @@
+-- waitlock permits (semaphore and read-write lock), format 1. Prepended, after common.lua, to
+-- every permit script. model/src/permits.rs mirrors these scripts (same function names);
+-- tests/semaphore.rs drives them against real Redis. Change them together.
+--
+-- Names: KEYS[1] holders, KEYS[2] state, KEYS[3] queue, KEYS[4] processes, KEYS[5] holder
+-- fences; a process's grant channel is KEYS[1] .. ':w:' .. hub, as for a lock. The queue, the
+-- processes hash, the watchers and the messages (g2, w2) are the lock's (common.lua).
+-- Token: 'w<weight>:<id>': a permit token says how many permits it holds or asks for.
+-- Holders: a sorted set; member a holder's token, score the Redis time (ms) its lease ends.
+--   It expires with its last lease. A lease whose end has passed is over: it is dropped by the
+--   next call (at most PURGE a call), and counted as held until then (a lease not yet dropped
+--   delays a grant, never doubles one).
+-- State: "<fence> <limit> <used>": the last fence given (an acquisition's fence only grows,
+--   across all permits of the key), the number of permits of the key, and how many the
+--   holders hold (their weights summed; 0 when the holders key is gone). It outlives every
+--   lease (its PX is the retention, or the last lease's end and a second, if later). The
+--   limit is fixed while anyone holds or waits; then a caller asking another gets {5, limit}.
+-- Holder fences: a hash, token -> fence of its hold. Expires with the holders.
+-- Granting: FIFO without barging. The oldest waiter is granted when its weight fits in what is
+-- free; one that does not fit stops the scan (later, lighter waiters wait behind it), so a
+-- release may grant to several waiters at once. Every grant is a full lease (the waiter's TTL):
+-- a frozen grantee holds its permits for that lease, as a frozen holder does.
+-- ARGV[10]: the limit the caller expects (acquire; '' otherwise).
+
+local HOLDERS, STATE, PQ, PP, FENCES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- At most this many ended leases are dropped, and this many queue entries looked at, per call.
+local PURGE, SCAN = 16, 200
+
+local function weight_of(token)
+  return tonumber(string.match(token, '^w(%d+):'))
+end
+
+local function now_ms() return math.floor(now_us() / 1000) end
+
+-- The key's state: {fence, limit (nil: none recorded), used}.
+local function state()
+  local v = redis.call('GET', STATE)
+  local s = {fence = 0, limit = nil, used = 0}
+  if v then
+    local f, n, u = string.match(v, '^(%d+) (%d+) (%d+)$')
+    if f then s.fence, s.limit, s.used = tonumber(f), tonumber(n), tonumber(u) end
+    if s.limit == 0 then s.limit = nil end
+  end
+  if redis.call('EXISTS', HOLDERS) == 0 then
+    s.used = 0
+  elseif not v then
+    -- Holders without a state (deleted by hand, or evicted): count every permit as held
+    -- until their leases end.
+    s.used = math.huge
+  end
+  return s
+end
+
+-- Drops a holder: its weight is free again.
+local function drop_holder(s, token)
+  s.changed = true
+  redis.call('ZREM', HOLDERS, token)
+  redis.call('HDEL', FENCES, token)
+  s.used = math.max(0, s.used - (weight_of(token) or 0))
+end
+
+-- Drops up to PURGE leases that have ended.
+local function purge(s)
+  local ended = redis.call('ZRANGEBYSCORE', HOLDERS, '-inf', now_ms(), 'LIMIT', 0, PURGE)
+  for _, token in ipairs(ended) do drop_holder(s, token) end
+end
+
+-- Ms until the first lease ends (when a permit may come back without a release); 0 if none.
+local function first_end()
+  local first = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
+  if not first[2] then return 0 end
+  return math.max(0, tonumber(first[2]) - now_ms())
+end
+
+-- The next fence: max(last + 1, Redis time in microseconds).
+local function next_fence(s)
+  s.fence = math.max(s.fence + 1, now_us())
+  return s.fence
+end
+
+-- Gives `token` a lease of `px` ms and the next fence. Returns the fence.
+local function hold(s, token, px)
+  local f = next_fence(s)
+  s.changed = true
+  redis.call('ZADD', HOLDERS, now_ms() + px, token)
+  redis.call('HSET', FENCES, token, string.format('%.0f', f))
+  s.used = s.used + weight_of(token)
+  return f
+end
+
+-- Writes the state back (when this call changed it); the holders and their fences expire with the last lease, the state
+-- outlives it.
+local function settle(s)
+  if not s.changed then return end
+  local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
+  local keep = tonumber(RETAIN)
+  if last[2] then
+    local ends = tonumber(last[2])
+    redis.call('PEXPIREAT', HOLDERS, ends)
+    redis.call('PEXPIREAT', FENCES, ends)
+    keep = math.max(keep, ends - now_ms() + 1000)
+  else
+    s.used = 0
+  end
+  if s.used == math.huge then return end
+  redis.call('SET', STATE, string.format('%.0f %d %d', s.fence, s.limit or 0, s.used), 'PX', keep)
+end
+
+-- Grants to the queue's heads in order while the head's weight fits; `self` (the caller's
+-- member, or '') is granted as the others, with TTL. Heads whose process nobody listens for
+-- are dropped. Returns the caller's fence if it was granted (else nil), whether the queue
+-- changed, and how many others were granted.
+local function serve(L, s, self)
+  local heads = redis.call('ZRANGE', PQ, 0, SCAN - 1)
+  local done, mine, granted = {}, nil, 0
+  for _, head in ipairs(heads) do
+    local hub, ttl, token = L.split_member(head)
+    local w = token and weight_of(token)
+    if not w or w > (s.limit or 0) then
+      done[#done + 1] = head -- malformed, or can never fit: dropped
+    elseif s.used + w > s.limit then
+      break
+    elseif head == self then
+      done[#done + 1] = head
+      mine = hold(s, token, tonumber(TTL))
+    else
+      done[#done + 1] = head
+      local p = L.process(hub)
+      if p.is ~= 'gone' then
+        local f = hold(s, token, tonumber(ttl))
+        granted = granted + 1
+        L.publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. ttl .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+      end
+    end
+  end
+  if #done > 0 then redis.call('ZREM', PQ, unpack(done)) end
+  return mine, #done > 0, granted
+end
+
+-- After the queue changed: the waiters left are told when to look (now, when the head fits
+-- in what is free: the scan stopped at its bound; else when the first lease ends), or, with
+-- nobody left, the processes hash goes.
+local function after_serve(L, s)
+  if redis.call('EXISTS', PQ) == 0 then
+    redis.call('DEL', PP)
+    return
+  end
+  local px = first_end()
+  local head = redis.call('ZRANGE', PQ, 0, 0)[1]
+  local _, _, token = L.split_member(head or '')
+  if token and s.used + (weight_of(token) or 0) <= (s.limit or 0) then px = 0 end
+  L.watch('', px)
+end
+
+-- Serves the queue when permits came free during this call (`before`: the used count when it
+-- began) or `always`. Returns how many waiters were granted.
+local function serve_freed(s, before, always)
+  if not always and s.used >= before then return 0 end
+  if redis.call('EXISTS', PQ) == 0 then return 0 end
+  local L = slow()
+  local _, changed, granted = serve(L, s, '')
+  if changed then after_serve(L, s) end
+  return granted
+end
+
+-- Drops what `token` holds. Returns 1 if its lease was running, 0 if it held nothing (or an
+-- ended lease not dropped yet: dropped now).
+local function give_back(s, token)
+  local score = redis.call('ZSCORE', HOLDERS, token)
+  if not score then return 0 end
+  drop_holder(s, token)
+  if tonumber(score) > now_ms() then return 1 end
+  return 0
+end
