@@ -88,6 +88,75 @@ impl Ledger {
     }
 }
 
+/// Workers looping acquire_wait / hold a few ms / release on one key, each acquisition checked
+/// by the ledger.
+struct Contention {
+    ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Contention {
+    /// `procs` queued lockers × `per` workers on `key` of `n` permits; worker `t` of locker
+    /// `p` asks for `weight(p, t)` with a lease of `ttl_ms`.
+    async fn start(
+        url: &str,
+        key: &'static str,
+        n: u32,
+        procs: u32,
+        per: u32,
+        weight: fn(u32, u32) -> u32,
+        ttl_ms: u64,
+    ) -> Contention {
+        let ledger = Arc::new(Ledger::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for p in 0..procs {
+            let sem = queued(url).await.semaphore(n).unwrap();
+            for t in 0..per {
+                let (sem, ledger, stop, count) =
+                    (sem.clone(), ledger.clone(), stop.clone(), count.clone());
+                let weight = weight(p, t);
+                tasks.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        match sem.acquire_wait(key, weight, &opts(ttl_ms, 10_000)).await {
+                            Ok(g) => {
+                                ledger.enter(&g, weight, n);
+                                ledger.fence(g.fence(), weight);
+                                let hold = 1 + u64::from(t % 3);
+                                tokio::time::sleep(Duration::from_millis(hold)).await;
+                                ledger.leave(&g);
+                                let _ = g.release().await;
+                                count.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Err(e)
+                                if e.is_transient() || matches!(e, Error::WaitTimeout { .. }) => {}
+                            Err(e) => panic!("unexpected {e}"),
+                        }
+                    }
+                }));
+            }
+        }
+        Contention {
+            ledger,
+            stop,
+            count,
+            tasks,
+        }
+    }
+
+    /// Stops the workers; the acquisitions and the ledger.
+    async fn stop(self) -> (u64, Arc<Ledger>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.expect("worker");
+        }
+        (self.count.load(Ordering::SeqCst), self.ledger)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
     let server = RedisServer::start();
@@ -150,50 +219,19 @@ async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
 
 /// Steady contention: 3 permits, 4 queued lockers (4 processes as Redis sees them) × 6 tasks
 /// with weights 1 and 2, connections killed every 300 ms. Every acquisition checks the valid
-/// guards' weight and writes to the fenced store.
+/// guards' weight and that its fence is new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_n_under_contention_and_connection_kills() {
     let server = RedisServer::start();
     let n = 3;
-    let ledger = Arc::new(Ledger::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for p in 0..4 {
-        let sem = queued(&server.url()).await.semaphore(n).unwrap();
-        for t in 0..6u32 {
-            let (sem, ledger, stop, count) =
-                (sem.clone(), ledger.clone(), stop.clone(), count.clone());
-            let weight = 1 + (t + p) % 2;
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    match sem.acquire_wait("hot", weight, &opts(2_000, 10_000)).await {
-                        Ok(g) => {
-                            ledger.enter(&g, weight, n);
-                            ledger.fence(g.fence(), weight);
-                            tokio::time::sleep(Duration::from_millis(1 + u64::from(t % 3))).await;
-                            ledger.leave(&g);
-                            let _ = g.release().await;
-                            count.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Err(e) if e.is_transient() || matches!(e, Error::WaitTimeout { .. }) => {}
-                        Err(e) => panic!("unexpected {e}"),
-                    }
-                }
-            }));
-        }
-    }
+    let run = Contention::start(&server.url(), "hot", n, 4, 6, |p, t| 1 + (t + p) % 2, 2_000).await;
     let admin = server.client().await;
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _: Value = cmd(&admin, "CLIENT KILL TYPE normal SKIPME yes", vec![]).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let done = count.load(Ordering::SeqCst);
+    let (done, ledger) = run.stop().await;
     let max = ledger.max_seen.load(Ordering::SeqCst);
     println!("{done} acquisitions, up to {max} permits held at once");
     assert!(done >= 100, "only {done} acquisitions in 3.3 s");
@@ -555,55 +593,34 @@ async fn a_cancellation_sweep_leaves_nothing() {
 }
 
 /// A Redis that is killed (-9) and restarted from its append-only file in the middle of
-/// steady contention: the counting invariant and the fenced store hold across it.
+/// steady contention: the counting invariant holds across it and fences keep growing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_and_fences_hold_across_a_redis_restart() {
     let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let n = 2;
-    let ledger = Arc::new(Ledger::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let sem = queued(&server.url()).await.semaphore(n).unwrap();
-        for t in 0..4u32 {
-            let (sem, ledger, stop, count) =
-                (sem.clone(), ledger.clone(), stop.clone(), count.clone());
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    if let Ok(g) = sem.acquire_wait("aof", 1, &opts(1_000, 5_000)).await {
-                        ledger.enter(&g, 1, n);
-                        ledger.fence(g.fence(), 1);
-                        tokio::time::sleep(Duration::from_millis(2 + u64::from(t))).await;
-                        ledger.leave(&g);
-                        let _ = g.release().await;
-                        count.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            }));
-        }
-    }
+    let run = Contention::start(&server.url(), "aof", n, 2, 4, |_, _| 1, 1_000).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let before = count.load(Ordering::SeqCst);
-    let last_fence = ledger.fences.lock().unwrap().keys().next_back().copied();
+    let before = run.count.load(Ordering::SeqCst);
+    let last_fence = run
+        .ledger
+        .fences
+        .lock()
+        .unwrap()
+        .keys()
+        .next_back()
+        .copied();
     server.kill();
     server.restart();
     let start = Instant::now();
-    while count.load(Ordering::SeqCst) < before + 50 {
+    while run.count.load(Ordering::SeqCst) < before + 50 {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no progress after the restart"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("task");
-    }
-    println!(
-        "{before} acquisitions before the restart, {} in all",
-        count.load(Ordering::SeqCst)
-    );
+    let (done, ledger) = run.stop().await;
+    println!("{before} acquisitions before the restart, {done} in all");
     // Fences keep growing across the restart: every acquisition after it (the 50 counted)
     // has a fence above every one before.
     let fences = ledger.fences.lock().unwrap();
