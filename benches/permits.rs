@@ -75,7 +75,7 @@ async fn row(server: &RedisServer, name: &str, rw: bool, secs: u64) {
         for w in 0..WORKERS {
             let (sem, log, stop, key) = (sem.clone(), log.clone(), stop.clone(), key.clone());
             // 90% readers: one worker in ten writes.
-            let weight = if rw && (p * WORKERS + w) % 10 == 0 {
+            let weight = if rw && (p * WORKERS + w).is_multiple_of(10) {
                 MAX_PERMITS
             } else {
                 1

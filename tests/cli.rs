@@ -194,8 +194,15 @@ echo "end $$" >> log"#;
 
 /// Starts a `waitlock run KEY -- sh -c HOLD_UNTIL_GO` and waits until it holds the lock.
 fn hold(server: &RedisServer, dir: &Scratch, key: &str) -> Spawned {
+    hold_with(server, dir, &[], key)
+}
+
+/// As `hold`, with `options` to `run` (e.g. `--limit 2`: it holds a permit).
+fn hold_with(server: &RedisServer, dir: &Scratch, options: &[&str], key: &str) -> Spawned {
     let mut c = waitlock(server, dir);
-    c.args(["run", key, "--", "sh", "-c", HOLD_UNTIL_GO]);
+    c.arg("run")
+        .args(options)
+        .args([key, "--", "sh", "-c", HOLD_UNTIL_GO]);
     let p = Spawned::start(c, dir, "holder.err");
     await_file(dir, "log", "the holder's start line", |s| {
         s.contains("start")
@@ -584,7 +591,7 @@ fn status_reports_held_and_free_keys() {
     assert_eq!(
         never,
         serde_json::json!({"key": "never-used", "held": false, "remaining_ttl_ms": null,
-                           "fence": null, "queued": 0})
+                           "fence": null, "queued": 0, "permits": null})
     );
 
     let mut holder = hold(&server, &dir, "report");
@@ -695,6 +702,9 @@ fn bad_usage_exits_64_and_help_and_version_exit_0() {
     for needle in [
         "--nonblock",
         "--conflict-exit-code",
+        "--shared",
+        "--exclusive",
+        "--limit <N>",
         "REDIS_URL",
         "75",
         "WAITLOCK_FENCE",
@@ -934,4 +944,323 @@ fn a_late_release_keeps_the_commands_status() {
     );
     let status = run.wait();
     assert_eq!(status.code(), Some(0), "{}", run.stderr());
+}
+
+/// The runs in progress after each start line of a log of `start TAG ID` and `end TAG ID`
+/// lines, in file order (tags, e.g. `s` and `x`). A run writes both lines while it holds, so
+/// runs shown in progress together held together. Checks that there are `runs` whole runs.
+fn in_progress(log: &str, runs: usize) -> Vec<Vec<String>> {
+    let mut now: Vec<(String, String)> = Vec::new();
+    let (mut snapshots, mut ended) = (Vec::new(), 0);
+    for line in log.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        let [what, tag, id] = words[..] else {
+            panic!("bad line {line:?}; log:\n{log}")
+        };
+        let run = (tag.to_owned(), id.to_owned());
+        match what {
+            "start" => {
+                assert!(!now.contains(&run), "{line:?} twice; log:\n{log}");
+                now.push(run);
+                snapshots.push(now.iter().map(|(t, _)| t.clone()).collect());
+            }
+            "end" => {
+                let at = now.iter().position(|r| *r == run);
+                let at = at.unwrap_or_else(|| panic!("{line:?} before its start; log:\n{log}"));
+                now.remove(at);
+                ended += 1;
+            }
+            _ => panic!("bad line {line:?}; log:\n{log}"),
+        }
+    }
+    assert!(now.is_empty(), "runs never ended: {now:?}; log:\n{log}");
+    assert_eq!(ended, runs, "log:\n{log}");
+    snapshots
+}
+
+/// `run --limit 2`: of four runs, two hold together while the other two are queued (seen in
+/// `status`); when the two end, the other two run. Never more than two at once.
+#[test]
+fn limit_runs_at_most_n_at_once() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("limit");
+    let script = r#"echo "start n $$" >> log
+while [ ! -e go ]; do sleep 0.01; done
+echo "end n $$" >> log"#;
+    let runs: Vec<Spawned> = (0..4)
+        .map(|i| {
+            let mut c = waitlock(&server, &dir);
+            c.args([
+                "run",
+                "--limit",
+                "2",
+                "--wait",
+                "15s",
+                "thumbnails",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ]);
+            Spawned::start(c, &dir, &format!("run{i}.err"))
+        })
+        .collect();
+    await_file(&dir, "log", "two runs", |s| s.matches("start").count() >= 2);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let permits = status_json(&server, &dir, "thumbnails")["permits"].clone();
+        if permits["queued"] == 2 && permits["held"] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never 2 held and 2 queued: {permits}; log:\n{}",
+            dir.read("log")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        dir.read("log").matches("start").count(),
+        2,
+        "{}",
+        dir.read("log")
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    for mut r in runs {
+        assert_eq!(r.wait().code(), Some(0), "{}", r.stderr());
+    }
+    let log = dir.read("log");
+    let most = in_progress(&log, 4).iter().map(Vec::len).max();
+    assert_eq!(most, Some(2), "log:\n{log}");
+}
+
+/// `run -s` and `run -x` on one key: two readers run together (each waits for the other to
+/// start); a writer waits for both, and a reader that comes after the queued writer waits for
+/// the writer. `status` shows the readers and the queue meanwhile.
+#[test]
+fn shared_runs_overlap_and_an_exclusive_run_is_alone() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("rwlock");
+    let reader = r#"echo "start s $$" >> log
+while [ "$(grep -c 'start s' log)" -lt 2 ]; do sleep 0.01; done
+while [ ! -e go ]; do sleep 0.01; done
+echo "end s $$" >> log"#;
+    let run = |flag: &str, script: &str, name: &str| {
+        let mut c = waitlock(&server, &dir);
+        c.args([
+            "run", flag, "--wait", "15s", "config", "--", "sh", "-c", script,
+        ]);
+        Spawned::start(c, &dir, name)
+    };
+    let mut readers = [
+        run("-s", reader, "r1.err"),
+        run("--shared", reader, "r2.err"),
+    ];
+    await_file(&dir, "log", "two readers", |s| {
+        s.matches("start s").count() == 2
+    });
+
+    let mut writer = run(
+        "-x",
+        r#"echo "start x $$" >> log; echo "end x $$" >> log"#,
+        "w.err",
+    );
+    await_stderr(&writer, "waiting up to 15.0 s");
+    let queued = |n: u64| {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let status = status_json(&server, &dir, "config");
+            if status["permits"]["queued"].as_u64() == Some(n) {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "never {n} queued: {status}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let status = queued(1);
+    assert_eq!(status["permits"]["kind"], "rw_lock", "{status}");
+    assert_eq!(status["permits"]["holders"], 2, "{status}");
+    assert_eq!(
+        status["held"], false,
+        "the plain lock is another key: {status}"
+    );
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "config"]);
+    let text = String::from_utf8_lossy(&output(c).stdout).into_owned();
+    assert!(
+        text.contains("'config' read-write lock: held by 2 readers, the first lease ends in")
+            && text.contains("1 queued"),
+        "{text}"
+    );
+
+    let late = r#"echo "start t $$" >> log; echo "end t $$" >> log"#;
+    let mut late = run("-s", late, "r3.err");
+    await_stderr(&late, "is held for writing or a writer waits");
+    queued(2);
+    fs::write(dir.path("go"), "").expect("go");
+
+    for r in readers.iter_mut().chain([&mut writer, &mut late]) {
+        assert_eq!(r.wait().code(), Some(0), "{}", r.stderr());
+    }
+    let log = dir.read("log");
+    let snapshots = in_progress(&log, 4);
+    assert!(
+        snapshots.iter().any(|s| s == &["s", "s"]),
+        "the readers never overlapped; log:\n{log}"
+    );
+    for s in &snapshots {
+        assert!(
+            !s.contains(&"x".to_owned()) || s.len() == 1,
+            "the writer ran with {s:?}; log:\n{log}"
+        );
+    }
+    let at = |line: &str| log.find(line).unwrap_or_else(|| panic!("no {line:?}"));
+    assert!(
+        at("start t") > at("end x"),
+        "a reader passed the queued writer; log:\n{log}"
+    );
+}
+
+/// Bad permit options are usage (64) before anything is sent; so is a run whose --limit is
+/// not the one the key is in use with, and the message names both.
+#[test]
+fn bad_limits_and_a_key_in_use_with_another_limit_exit_64() {
+    let dir = Scratch::new("badlimit");
+    for args in [
+        &["run", "--limit", "0", "k", "--", "true"][..],
+        &["run", "--limit", "1048577", "k", "--", "true"],
+        &["run", "--limit", "two", "k", "--", "true"],
+        &["run", "-s", "-x", "k", "--", "true"],
+        &["run", "--shared", "--limit", "2", "k", "--", "true"],
+        &["run", "-x", "--limit", "2", "k", "--", "true"],
+    ] {
+        let mut c = Command::new(BIN);
+        c.current_dir(&dir.0)
+            .env("REDIS_URL", "redis://127.0.0.1:1")
+            .args(args);
+        let out = output(c);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", stderr_of(&out));
+        assert!(!stderr_of(&out).is_empty(), "{args:?} said nothing");
+    }
+
+    let server = RedisServer::start();
+    let mut holder = hold_with(&server, &dir, &["--limit", "2"], "thumbnails");
+    let marker = ["--", "sh", "-c", "echo ran > marker"];
+    for (options, asked) in [(&["--limit", "3"][..], "--limit 3"), (&["-s"], "-s/-x")] {
+        let mut c = waitlock(&server, &dir);
+        c.arg("run").args(options).arg("thumbnails").args(marker);
+        let out = output(c);
+        let stderr = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(64), "{options:?}: {stderr}");
+        assert!(
+            stderr.contains("'thumbnails' is in use with --limit 2, not ")
+                && stderr.contains(asked),
+            "{options:?}: {stderr}"
+        );
+    }
+    assert!(!dir.path("marker").exists(), "a command ran");
+    fs::write(dir.path("go"), "").expect("go");
+    assert_eq!(holder.wait().code(), Some(0), "{}", holder.stderr());
+}
+
+/// `status` shows a key's permits next to its lock: a semaphore's while a `--limit 2` run
+/// holds one (text and JSON), a writer of a read-write lock.
+#[test]
+fn status_shows_the_permits_of_a_key() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("permitstatus");
+    let mut holder = hold_with(&server, &dir, &["--limit", "2"], "thumbnails");
+    let fence: u64 = dir
+        .read("log")
+        .split_whitespace()
+        .nth(2)
+        .and_then(|f| f.parse().ok())
+        .expect("fence in the log");
+    let status = status_json(&server, &dir, "thumbnails");
+    assert_eq!(status["held"], false, "the lock is another key: {status}");
+    let permits = &status["permits"];
+    let ends_in = permits["first_lease_ends_in_ms"].as_u64().expect("a lease");
+    assert!(ends_in > 0 && ends_in <= 30_000, "{status}");
+    assert_eq!(
+        permits,
+        &serde_json::json!({"kind": "semaphore", "permits": 2, "held": 1, "holders": 1,
+                            "queued": 0, "first_lease_ends_in_ms": ends_in, "fence": fence})
+    );
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "thumbnails"]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("'thumbnails' is free"), "{text}");
+    assert!(
+        lines[1].starts_with(
+            "'thumbnails' semaphore: 1 of 2 permits held by 1 holder, the first lease ends in "
+        ) && lines[1].ends_with(&format!("fence {fence}, 0 queued")),
+        "{text}"
+    );
+    // `release` frees plain locks only, and says so for a key with permits held.
+    let mut c = waitlock(&server, &dir);
+    c.args(["release", "thumbnails", "--token", dir.read("token").trim()]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("`release` frees plain locks only"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(
+        status_json(&server, &dir, "thumbnails")["permits"]["held"],
+        1
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    assert_eq!(holder.wait().code(), Some(0), "{}", holder.stderr());
+
+    let dir = Scratch::new("permitstatus-x");
+    let mut writer = hold_with(&server, &dir, &["-x"], "config");
+    assert_eq!(
+        status_json(&server, &dir, "config")["permits"]["kind"],
+        "rw_lock"
+    );
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "config"]);
+    let text = String::from_utf8_lossy(&output(c).stdout).into_owned();
+    assert!(
+        text.contains("'config' read-write lock: held by a writer, the first lease ends in "),
+        "{text}"
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    assert_eq!(writer.wait().code(), Some(0), "{}", writer.stderr());
+}
+
+/// A permit lost while the command runs (its lease deleted: here every key, by the command
+/// itself) ends the run as a lost lock does: SIGTERM to the command's group, exit 75.
+#[test]
+fn a_lost_permit_terminates_the_command_and_exits_75() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("lostpermit");
+    let script = format!(
+        r#"trap 'echo term >> log; exit 0' TERM
+redis-cli -p {} FLUSHALL > /dev/null
+sleep 10 & wait"#,
+        server.port
+    );
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run", "-s", "--ttl", "300ms", "config", "--", "sh", "-c", &script,
+    ]);
+    let mut p = Spawned::start(c, &dir, "run.err");
+    let code = p.wait().code();
+    let stderr = p.stderr();
+    assert_eq!(code, Some(75), "{stderr}");
+    assert!(
+        stderr.contains("shared hold of 'config' lost after"),
+        "{stderr}"
+    );
+    assert!(
+        dir.read("log").contains("term"),
+        "no SIGTERM: {}",
+        dir.read("log")
+    );
 }

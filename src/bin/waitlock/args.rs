@@ -12,27 +12,38 @@ Exit codes of `run`:
   the command's own   when it ran (128 + n when it was killed by signal n)
   1                   the lock was held (--nonblock) or the wait ran out (see --conflict-exit-code)
   64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL,
-                      a --tls-* file that cannot be read or holds no usable PEM
+                      a --tls-* file that cannot be read or holds no usable PEM, --limit 0,
+                      two of -s/-x/--limit, or a key in use with another --limit (or with
+                      -s/-x when this run gives --limit, and the other way round)
   69                  Redis could not be reached, refused the password or the TLS handshake
                       (e.g. a certificate from an untrusted CA), or stopped answering
   70                  any other failure (e.g. the lock's Redis key holds foreign data)
-  75                  the lock was lost while the command ran (the command was terminated),
-                      or was no longer held when the command exited
+  75                  the lock (or permit) was lost while the command ran (the command was
+                      terminated), or was no longer held when the command exited
   126 / 127           the command could not be run / was not found
   128 + n             waitlock itself got signal n while waiting for the lock
 `status` exits 0 whether the key is held or free; `release` exits 0 when it released the lock
 and 1 when the token did not hold it; both use 64, 69 and 70 as above.
 
+Permits (-s, -x, --limit N) are not the plain lock: KEY's read-write lock and semaphore are
+other Redis keys, so a plain `run KEY` does not wait for a `run -s KEY` (nor the other way
+round). All runs of a key use the same kind: -s/-x, or --limit with one N. `release` frees
+plain locks only; a permit is given back by the run that holds it.
+
 Environment:
   REDIS_URL           the default for --url
   The command gets WAITLOCK_KEY, WAITLOCK_FENCE (a number that grows with every acquisition
-  of the key: hand it to storage that refuses stale writers) and WAITLOCK_TOKEN (the holder's
-  token; `waitlock release` reads it).
+  of the key: hand it to storage that refuses stale writers; with -s or --limit, holders
+  overlap, so it orders them but cannot fence one out) and WAITLOCK_TOKEN (the holder's
+  token; `waitlock release` reads it for a plain lock).
 
 Examples:
   waitlock run nightly-report -- ./report.sh --full
   waitlock run --tls-ca ca.pem --url rediss://redis.internal:6380 report -- ./report.sh
   waitlock -q run --nonblock backup -- /usr/local/bin/backup   # cron: skip if still running
+  waitlock run --limit 4 thumbnails -- ./thumb.sh    # at most 4 at once, across hosts
+  waitlock run -s config -- ./read.sh                # readers run together...
+  waitlock run -x config -- ./write.sh               # ...a writer runs alone
   waitlock status nightly-report --json";
 
 /// Runs a command while holding a distributed lock on Redis; shows and releases locks.
@@ -44,7 +55,9 @@ Examples:
     long_about = "Run a command under a distributed lock on Redis, like flock(1) across hosts.\n\n\
         `waitlock run KEY -- COMMAND` waits for the lock on KEY (woken by the holder's \
         release, not polling), runs COMMAND while refreshing the lock, and releases it when \
-        COMMAND exits. If the lock is lost meanwhile, COMMAND is terminated.",
+        COMMAND exits. If the lock is lost meanwhile, COMMAND is terminated. With -s/-x \
+        (a read-write lock, like flock -s/-x) or --limit N (at most N at once), it holds \
+        permits of KEY instead.",
     after_long_help = AFTER_LONG_HELP,
     propagate_version = true
 )]
@@ -65,7 +78,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Take the lock on KEY, run COMMAND while holding it, release it when COMMAND exits.
+    /// Take the lock on KEY (or a permit: -s, -x, --limit N), run COMMAND while holding it,
+    /// release it when COMMAND exits.
     #[command(
         long_about = "Take the lock on KEY, run COMMAND while holding it, release it when \
             COMMAND exits; exit with COMMAND's status.\n\n\
@@ -73,12 +87,19 @@ pub enum Command {
             are forwarded to that group, and the lock is released once COMMAND has exited. \
             The lock is refreshed every 0.8 x TTL; if it is lost anyway (it expired while \
             Redis was unreachable, or someone released or deleted it), the group gets SIGTERM, \
-            then SIGKILL after the grace period, and waitlock exits 75.",
+            then SIGKILL after the grace period, and waitlock exits 75.\n\n\
+            With -s (--shared) it takes a read hold of KEY's read-write lock: shared runs \
+            overlap, an exclusive one waits for them; with -x (--exclusive) a write hold: it \
+            runs alone, no shared run at the same time. With --limit N it holds 1 of N permits \
+            of KEY: at most N such runs at once. Waiters are served in order (a waiting writer \
+            holds back the readers that come after it). Everything else (waiting, --nonblock, \
+            refresh, termination on loss, signals, exit codes, WAITLOCK_*) is as for the lock.",
         after_long_help = AFTER_LONG_HELP
     )]
     Run(RunArgs),
 
-    /// Show whether KEY is held, for how long yet, its fence and its queue.
+    /// Show whether KEY is held, for how long yet, its fence and its queue, and its permits
+    /// (read-write lock or semaphore) when any are recorded.
     Status(StatusArgs),
 
     /// Release KEY held by TOKEN (for operators: a holder that is stuck or gone).
@@ -88,7 +109,10 @@ pub enum Command {
             KEY (it expired, was released, or another holder has it now).\n\n\
             Inside a command run by `waitlock run`, `waitlock release \"$WAITLOCK_KEY\"` \
             releases the lock early (waitlock then sees the lock lost and terminates the \
-            command)."
+            command).\n\n\
+            Plain locks only: a permit (`run -s`, `-x` or `--limit`) is given back by the run \
+            that holds it (end or signal that run; a crashed holder's permit comes back when \
+            its lease ends)."
     )]
     Release(ReleaseArgs),
 }
@@ -173,6 +197,26 @@ pub struct RunArgs {
     #[arg(short = 'E', long, default_value_t = 1, value_name = "N")]
     pub conflict_exit_code: u8,
 
+    /// Take a shared (read) hold of KEY's read-write lock instead of the lock: shared runs
+    /// overlap; an exclusive one (-x) runs with none of them.
+    #[arg(short, long, group = "permits")]
+    pub shared: bool,
+
+    /// Take an exclusive (write) hold of KEY's read-write lock instead of the lock: no other
+    /// -s or -x run of KEY at the same time.
+    #[arg(short = 'x', long, group = "permits")]
+    pub exclusive: bool,
+
+    /// Hold 1 of N permits of KEY's semaphore instead of the lock: at most N runs of KEY at
+    /// once, across hosts (1 to 1048576; every run of KEY must give the same N).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(waitlock::MAX_PERMITS)),
+        group = "permits"
+    )]
+    pub limit: Option<u32>,
+
     /// When the lock is lost: how long the command has after SIGTERM before SIGKILL.
     #[arg(long, default_value = "5s", value_parser = duration, value_name = "DURATION")]
     pub grace: Duration,
@@ -198,7 +242,9 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub conn: Conn,
 
-    /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued"}.
+    /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued",
+    /// "permits"}; "permits" is null, or {"kind": "rw_lock" or "semaphore", "permits",
+    /// "held", "holders", "queued", "first_lease_ends_in_ms", "fence"}.
     #[arg(long)]
     pub json: bool,
 

@@ -1,4 +1,5 @@
-//! `waitlock`: run a command under a distributed lock on Redis, show or release a lock.
+//! `waitlock`: run a command under a distributed lock (or permits) on Redis, show a key's lock
+//! and permits, release a lock.
 //!
 //! See `docs/cli.md` and `waitlock --help`. Exit codes follow flock(1) and sysexits(3); they
 //! are listed in `report.rs` and in the long help.
@@ -11,7 +12,8 @@ use args::{Cli, Command, Conn, ReleaseArgs, StatusArgs};
 use clap::Parser;
 use report::{describe, exit_code, quoted, secs, Reporter};
 use std::process::ExitCode;
-use waitlock::{Error, Locker};
+use std::time::Duration;
+use waitlock::{Error, Locker, PermitStatus, MAX_PERMITS};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -66,13 +68,18 @@ async fn locker(conn: &Conn) -> Result<Locker, Error> {
         .build()
 }
 
-/// `waitlock status`: one line for people, or one JSON object; exit 0 whether held or not.
+/// `waitlock status`: the lock's line and, when the key has permits recorded, theirs; or one
+/// JSON object. Exit 0 whether held or not.
 async fn status(args: StatusArgs, out: Reporter) -> u8 {
-    let status = match locker(&args.conn).await {
-        Ok(locker) => locker.status(&args.key).await,
-        Err(e) => Err(e),
+    let both = async {
+        let locker = locker(&args.conn).await?;
+        let lock = locker.status(&args.key).await?;
+        // A key's permit state does not depend on the number asked for: any semaphore reads
+        // it, whatever N (or the read-write lock) the key is used with.
+        let permits = locker.semaphore(1)?.status(&args.key).await?;
+        Ok::<_, Error>((lock, permits))
     };
-    let status = match status {
+    let (status, permits) = match both.await {
         Ok(s) => s,
         Err(e) => {
             out.error(describe(&e, &args.conn.url));
@@ -81,15 +88,13 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
     };
     let key = &args.key;
     if args.json {
-        let ttl_ms = status
-            .remaining_ttl
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let json = serde_json::json!({
             "key": key,
             "held": status.held,
-            "remaining_ttl_ms": ttl_ms,
+            "remaining_ttl_ms": status.remaining_ttl.map(millis),
             "fence": status.fence,
             "queued": status.queued,
+            "permits": permits_json(&permits),
         });
         println!("{json}");
         return 0;
@@ -114,16 +119,97 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
             status.queued
         );
     }
+    if let Some(line) = permits_line(key, &permits) {
+        println!("{line}");
+    }
     0
+}
+
+/// After a failed release: a note when the key has permits held, whose tokens `release` does
+/// not take (a token from a `run -s`, `-x` or `--limit` fails as "not held").
+async fn permits_hint(locker: &Locker, key: &str) -> String {
+    let Ok(any) = locker.semaphore(1) else {
+        return String::new();
+    };
+    match any.status(key).await {
+        Ok(p) if p.holders > 0 => format!(
+            ". {} has permits held: `release` frees plain locks only; a permit is given back \
+             by the `waitlock run` that holds it",
+            quoted(key)
+        ),
+        _ => String::new(),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `status --json`'s "permits": null when the key has none recorded.
+fn permits_json(p: &PermitStatus) -> serde_json::Value {
+    let Some(n) = p.permits else {
+        return serde_json::Value::Null;
+    };
+    serde_json::json!({
+        "kind": if n == MAX_PERMITS { "rw_lock" } else { "semaphore" },
+        "permits": n,
+        "held": p.held,
+        "holders": p.holders,
+        "queued": p.queued,
+        "first_lease_ends_in_ms": p.first_lease_ends_in.map(millis),
+        "fence": p.fence,
+    })
+}
+
+/// `status`'s second line, when the key has permits recorded: e.g. `'config' read-write lock:
+/// held by 2 readers, the first lease ends in 29.1 s, fence 17, 1 queued`.
+fn permits_line(key: &str, p: &PermitStatus) -> Option<String> {
+    let n = p.permits?;
+    let fence = p.fence.map_or_else(|| "none".to_owned(), |f| f.to_string());
+    let plural = |count: usize, one: &str| {
+        if count == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{count} {one}s")
+        }
+    };
+    let (kind, held) = match (n == MAX_PERMITS, p.held) {
+        (true, 0) => ("read-write lock", "free".to_owned()),
+        (true, MAX_PERMITS) => ("read-write lock", "held by a writer".to_owned()),
+        (true, _) => (
+            "read-write lock",
+            format!("held by {}", plural(p.holders, "reader")),
+        ),
+        (false, 0) => ("semaphore", format!("0 of {n} permits held")),
+        (false, held) => (
+            "semaphore",
+            format!(
+                "{held} of {n} permits held by {}",
+                plural(p.holders, "holder")
+            ),
+        ),
+    };
+    let lease = match p.first_lease_ends_in {
+        Some(d) => format!("the first lease ends in {}, fence {fence}", secs(d)),
+        None => format!("last fence {fence}"),
+    };
+    Some(format!(
+        "{} {kind}: {held}, {lease}, {} queued",
+        quoted(key),
+        p.queued
+    ))
 }
 
 /// `waitlock release`: 0 released, 1 not held by that token.
 async fn release(args: ReleaseArgs, out: Reporter) -> u8 {
-    let released = match locker(&args.conn).await {
-        Ok(locker) => locker.unlock(&args.key, &args.token).await,
-        Err(e) => Err(e),
+    let locker = match locker(&args.conn).await {
+        Ok(locker) => locker,
+        Err(e) => {
+            out.error(describe(&e, &args.conn.url));
+            return exit_code(&e, report::SOFTWARE);
+        }
     };
-    match released {
+    match locker.unlock(&args.key, &args.token).await {
         Ok(()) => {
             out.info(format!("released {}", quoted(&args.key)));
             0
@@ -131,8 +217,9 @@ async fn release(args: ReleaseArgs, out: Reporter) -> u8 {
         Err(Error::NotHeld { key }) => {
             out.error(format!(
                 "{} is not held by that token (it expired, was released, or another \
-                 holder has it now); nothing changed",
-                quoted(&key)
+                 holder has it now); nothing changed{}",
+                quoted(&key),
+                permits_hint(&locker, &key).await
             ));
             1
         }

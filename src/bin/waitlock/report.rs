@@ -1,7 +1,7 @@
 //! Exit codes and the messages a person reads on stderr.
 
 use std::time::Duration;
-use waitlock::{ConnectStep, Error};
+use waitlock::{ConnectStep, Error, MAX_PERMITS};
 
 /// Bad usage (sysexits' EX_USAGE).
 pub const USAGE: u8 = 64;
@@ -56,11 +56,22 @@ pub fn redact(url: &str) -> String {
     waitlock::redact_url(url)
 }
 
+/// How the command line names a key's number of permits (a read-write lock has MAX_PERMITS).
+pub fn limit_name(permits: u32) -> String {
+    if permits == MAX_PERMITS {
+        "-s/-x (a read-write lock)".to_owned()
+    } else {
+        format!("--limit {permits}")
+    }
+}
+
 /// The exit code for a library error; `conflict` for "someone else has the lock".
 pub fn exit_code(e: &Error, conflict: u8) -> u8 {
     match e {
         Error::Locked { .. } | Error::WaitTimeout { .. } | Error::AlreadyHeld { .. } => conflict,
         Error::InvalidKey { .. } | Error::InvalidOptions { .. } => USAGE,
+        // Another run of the key gives another --limit (or -s/-x): a mistake in the scripts.
+        Error::PermitsMismatch { .. } => USAGE,
         Error::Connect {
             step: ConnectStep::ParseUrl,
             ..
@@ -101,6 +112,17 @@ pub fn describe(e: &Error, url: &str) -> String {
             reason,
             ..
         } => format!("invalid {field} {value}: {reason}"),
+        Error::PermitsMismatch {
+            key,
+            asked,
+            current,
+        } => format!(
+            "{} is in use with {}, not {}: every run of a key must give the same --limit \
+             (or all use -s/-x); nothing changed",
+            quoted(key),
+            limit_name(*current),
+            limit_name(*asked)
+        ),
         e if e.is_transient() => format!("Redis at {at} failed: {e}"),
         e => e.to_string(),
     }

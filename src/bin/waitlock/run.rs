@@ -1,5 +1,5 @@
-//! `waitlock run`: take the lock, run the command in its own process group while refreshing
-//! the lock, release it when the command exits.
+//! `waitlock run`: take the lock (or permits of the key: -s, -x, --limit), run the command in
+//! its own process group while refreshing it, release it when the command exits.
 
 use crate::args::RunArgs;
 use crate::report::{self, describe, exit_code, quoted, secs, Reporter};
@@ -10,6 +10,101 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 use waitlock::{Error, LockGuard, LockOptions, Locker, PubSubLocker};
+
+/// What `run` takes on KEY: the lock, or permits of the key. The only place the two differ;
+/// everything after (waiting, refresh, supervision, release) works on the same `LockGuard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The plain lock (none of -s, -x, --limit).
+    Lock,
+    /// A read hold of KEY's read-write lock (-s).
+    Shared,
+    /// A write hold of KEY's read-write lock (-x).
+    Exclusive,
+    /// One of this many permits of KEY's semaphore (--limit N).
+    Limit(u32),
+}
+
+impl Hold {
+    /// The choice made on the command line (clap lets at most one of them through).
+    pub fn of(args: &RunArgs) -> Hold {
+        match (args.shared, args.exclusive, args.limit) {
+            (true, _, _) => Hold::Shared,
+            (_, true, _) => Hold::Exclusive,
+            (_, _, Some(n)) => Hold::Limit(n),
+            _ => Hold::Lock,
+        }
+    }
+
+    /// One attempt (`wait` false) or a wait up to `opts.wait`.
+    async fn acquire(
+        self,
+        locker: &PubSubLocker,
+        key: &str,
+        opts: &LockOptions,
+        wait: bool,
+    ) -> Result<LockGuard, Error> {
+        match (self, wait) {
+            (Hold::Lock, false) => locker.acquire(key, opts).await,
+            (Hold::Lock, true) => locker.acquire_wait(key, opts).await,
+            (Hold::Shared, false) => locker.rw_lock().read(key, opts).await,
+            (Hold::Shared, true) => locker.rw_lock().read_wait(key, opts).await,
+            (Hold::Exclusive, false) => locker.rw_lock().write(key, opts).await,
+            (Hold::Exclusive, true) => locker.rw_lock().write_wait(key, opts).await,
+            (Hold::Limit(n), false) => locker.semaphore(n)?.acquire(key, 1, opts).await,
+            (Hold::Limit(n), true) => locker.semaphore(n)?.acquire_wait(key, 1, opts).await,
+        }
+    }
+
+    /// What is waited for, where the lock's messages name the key: `'k'`, `a shared hold of
+    /// 'k'`, ...
+    fn target(self, key: &str) -> String {
+        let key = quoted(key);
+        match self {
+            Hold::Lock => key,
+            Hold::Shared => format!("a shared hold of {key}"),
+            Hold::Exclusive => format!("an exclusive hold of {key}"),
+            Hold::Limit(n) => format!("one of the {n} permits of {key}"),
+        }
+    }
+
+    /// What is held, where the lock's messages say `lock on 'k'`.
+    fn held(self, key: &str) -> String {
+        let key = quoted(key);
+        match self {
+            Hold::Lock => format!("lock on {key}"),
+            Hold::Shared => format!("shared hold of {key}"),
+            Hold::Exclusive => format!("exclusive hold of {key}"),
+            Hold::Limit(_) => format!("permit of {key}"),
+        }
+    }
+
+    /// Why one attempt did not get it; `remaining` is the `Locked` error's: the holder's TTL
+    /// for the lock, when the first lease ends for permits (zero: only waiters are ahead).
+    fn busy(self, key: &str, remaining: Option<Duration>) -> String {
+        let key = quoted(key);
+        let when = match remaining {
+            Some(d) if !d.is_zero() => format!("the first lease ends in {}", secs(d)),
+            _ => "others are queued first".to_owned(),
+        };
+        match self {
+            Hold::Lock => {
+                let expires = remaining.map_or_else(
+                    || "it has no expiry".to_owned(),
+                    |d| format!("expires in {}", secs(d)),
+                );
+                format!("{key} is held by another holder ({expires})")
+            }
+            Hold::Shared => format!("{key} is held for writing or a writer waits ({when})"),
+            Hold::Exclusive => {
+                format!("{key} is held by readers or a writer, or others wait ({when})")
+            }
+            Hold::Limit(n) => {
+                format!("all permits of {key} (limit {n}) are held or others wait ({when})")
+            }
+        }
+    }
+}
 
 /// The signals forwarded to the command (and that end a wait for the lock).
 struct Signals {
@@ -82,12 +177,13 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
         }
     };
     let key = args.key.as_str();
+    let hold = Hold::of(&args);
     // Until the command runs, a signal ends waitlock as it would have without handlers
     // (nothing is held yet, or the guard's drop releases what was).
     let guard = tokio::select! {
-        guard = lock(&args, out) => guard,
+        guard = lock(&args, hold, out) => guard,
         sig = signals.recv() => {
-            out.info(format!("got {} while waiting for {}: not running the command", signal_name(sig), quoted(key)));
+            out.info(format!("got {} while waiting for {}: not running the command", signal_name(sig), hold.target(key)));
             return killed_by(sig);
         }
     };
@@ -95,15 +191,16 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
         Ok(held) => held,
         Err(code) => return code,
     };
-    let code = supervise(&args, guard, &mut signals, out).await;
+    let code = supervise(&args, hold, guard, &mut signals, out).await;
     // With --verbose: the locker's counters (waits, grants, losses) for this run.
     tracing::debug!(stats = ?locker.stats(), "lock statistics");
     drop(locker);
     code
 }
 
-/// Connects and takes the lock; on failure, the message is printed and the exit code returned.
-async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard), u8> {
+/// Connects and takes the lock (or the permits); on failure, the message is printed and the
+/// exit code returned.
+async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(PubSubLocker, LockGuard), u8> {
     let key = args.key.as_str();
     let url = args.conn.url.as_str();
     let fail = |e: Error| {
@@ -128,25 +225,15 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
     let started = Instant::now();
     let nonblock = args.nonblock || args.wait.is_zero();
     // One attempt first, to say that we wait and for whom; the wait repeats it.
-    match locker.acquire(key, &once).await {
+    match hold.acquire(&locker, key, &once, false).await {
         Ok(guard) => return Ok((locker, guard)),
         Err(Error::Locked { remaining_ttl, .. }) => {
-            let expires = remaining_ttl.map_or_else(
-                || "it has no expiry".to_owned(),
-                |d| format!("expires in {}", secs(d)),
-            );
+            let busy = hold.busy(key, remaining_ttl);
             if nonblock {
-                out.info(format!(
-                    "{} is held by another holder ({expires}): not running the command",
-                    quoted(key)
-                ));
+                out.info(format!("{busy}: not running the command"));
                 return Err(args.conflict_exit_code);
             }
-            out.info(format!(
-                "{} is held by another holder ({expires}): waiting up to {}",
-                quoted(key),
-                secs(args.wait)
-            ));
+            out.info(format!("{busy}: waiting up to {}", secs(args.wait)));
         }
         // A hiccup: the wait retries it until its deadline, as for any attempt.
         Err(e) if e.is_transient() && !nonblock => {
@@ -157,12 +244,12 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
     let wait = LockOptions::new()
         .with_ttl(args.ttl)
         .with_wait(args.wait.saturating_sub(started.elapsed()));
-    match locker.acquire_wait(key, &wait).await {
+    match hold.acquire(&locker, key, &wait, true).await {
         Ok(guard) => {
             out.info(format!(
                 "waited {} for {} (fence {})",
                 secs(started.elapsed()),
-                quoted(key),
+                hold.target(key),
                 guard.fence()
             ));
             Ok((locker, guard))
@@ -170,7 +257,7 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
         Err(e @ (Error::WaitTimeout { .. } | Error::Locked { .. })) => {
             out.info(format!(
                 "gave up on {} after waiting {}: not running the command",
-                quoted(key),
+                hold.target(key),
                 secs(started.elapsed())
             ));
             Err(exit_code(&e, args.conflict_exit_code))
@@ -182,6 +269,7 @@ async fn lock(args: &RunArgs, out: Reporter) -> Result<(PubSubLocker, LockGuard)
 /// Runs the command under `guard` until it exits; releases the lock; returns the exit code.
 async fn supervise(
     args: &RunArgs,
+    hold: Hold,
     mut guard: LockGuard,
     signals: &mut Signals,
     out: Reporter,
@@ -210,7 +298,7 @@ async fn supervise(
                 out.error(format!("cannot run {name:?}: {e}"));
                 report::CANNOT_EXECUTE
             };
-            release(guard, key, out).await;
+            release(guard, hold.target(key), out).await;
             return code;
         }
     };
@@ -233,8 +321,8 @@ async fn supervise(
             _ = lost.cancelled(), if lost_at.is_none() => {
                 let why = guard.loss().map_or_else(|| "unknown reason".to_owned(), |r| r.to_string());
                 out.error(format!(
-                    "lock on {} lost after {} ({why}): terminating the command (SIGTERM, SIGKILL after {})",
-                    quoted(key), secs(held_since.elapsed()), secs(args.grace)
+                    "{} lost after {} ({why}): terminating the command (SIGTERM, SIGKILL after {})",
+                    hold.held(key), secs(held_since.elapsed()), secs(args.grace)
                 ));
                 signal_group(pgid, libc::SIGTERM);
                 lost_at = Some(Instant::now());
@@ -252,7 +340,7 @@ async fn supervise(
             // Not expected: the child was spawned by us and is waited for only here.
             out.error(format!("cannot wait for the command: {e}"));
             signal_group(pgid, libc::SIGKILL);
-            release(guard, key, out).await;
+            release(guard, hold.target(key), out).await;
             return report::SOFTWARE;
         }
     };
@@ -260,11 +348,11 @@ async fn supervise(
     let ran = secs(held_since.elapsed());
     if let Some(at) = lost_at {
         out.error(format!(
-            "command terminated {} after the lock on {} was lost (its status: {code})",
+            "command terminated {} after the {} was lost (its status: {code})",
             secs(at.elapsed()),
-            quoted(key)
+            hold.held(key)
         ));
-        release(guard, key, out).await;
+        release(guard, hold.target(key), out).await;
         return report::LOST;
     }
     // The library's rule (`run`'s): a release that only came late after the command ended
@@ -275,14 +363,14 @@ async fn supervise(
             out.error(format!(
                 "{} was no longer held when the command exited after {ran} (its status: {code}): \
                  it may have run partly without the lock",
-                quoted(key)
+                hold.target(key)
             ));
             report::LOST
         }
         Err(e) => {
             out.error(format!(
                 "could not release {} ({}); it expires by its TTL of {}",
-                quoted(key),
+                hold.target(key),
                 describe(&e, &args.conn.url),
                 secs(args.ttl)
             ));
@@ -292,12 +380,12 @@ async fn supervise(
 }
 
 /// Releases after a failure (the exit code is decided already): says only what is useful.
-async fn release(guard: LockGuard, key: &str, out: Reporter) {
+/// `what` is [`Hold::target`]'s.
+async fn release(guard: LockGuard, what: String, out: Reporter) {
     match guard.release().await {
         Ok(()) | Err(Error::NotHeld { .. }) => {}
         Err(e) => out.error(format!(
-            "could not release {}: {e}; it expires by its TTL",
-            quoted(key)
+            "could not release {what}: {e}; it expires by its TTL"
         )),
     }
 }
