@@ -22,10 +22,12 @@ local score = redis.call('ZSCORE', HOLDERS, TOKEN)
 if score then
   local left = tonumber(score) - now_ms()
   if left > 0 then
-    -- Granted already (its message lost, or crossing this call).
+    -- Granted already (its message lost, or crossing this call): claimed now, so that a late
+    -- message cannot have it given back.
+    local f = claim(TOKEN)
     serve_freed(s, before, false)
     settle(s)
-    return {1, left, tonumber(redis.call('HGET', FENCES, TOKEN)) or 0}
+    return {1, left, f}
   end
   drop_holder(s, TOKEN)
 end
@@ -42,7 +44,7 @@ if redis.call('EXISTS', PQ) == 1 then
 end
 local queued = redis.call('EXISTS', PQ)
 if queued == 0 and s.used + w <= s.limit then
-  local f = hold(s, TOKEN, tonumber(TTL))
+  local f = hold(s, TOKEN, tonumber(TTL), false)
   settle(s)
   return {0, tonumber(TTL), f}
 end
@@ -54,6 +56,8 @@ if MEMBER == '' then
 end
 L = L or slow()
 L.seen(HUB)
+-- `watching` keeps the watchers out of the first lease's holder's process.
+L.held_by(first_hub())
 if redis.call('ZADD', PQ, 'NX', now_us(), MEMBER) == 1 then redis.call('PEXPIRE', PQ, RETAIN) end
 local listening = 0
 if L.listener(HUB) then listening = 1 end

@@ -16,5 +16,5 @@ redis.call('ZADD', HOLDERS, 'XX', now_ms() + tonumber(TTL), TOKEN)
 s.changed = true
 serve_freed(s, before, false)
 settle(s)
-if redis.call('EXISTS', PQ) == 1 then slow().watch(HUB, first_end(), true) end
-return {1, tonumber(redis.call('HGET', FENCES, TOKEN)) or 0}
+if redis.call('EXISTS', PQ) == 1 then slow().watch(first_hub(), first_end(), true) end
+return {1, claim(TOKEN)}

@@ -1,20 +1,24 @@
 -- Model: `Permits::leave` in model/src/permits.rs mirrors this script (change both together).
 -- A waiter leaves: MEMBER out of the queue (the heads behind it may fit now: they are served);
 -- then, if TOKEN holds permits, it gives them back: FLAG 'G' whatever it holds, FLAG 'o' only
--- while FENCE is its hold's fence (a grant whose waiter had gone). Reply {0} it gave nothing
--- back; {2} it gave its permits back.
+-- an unclaimed grant with fence FENCE (a grant whose waiter had gone; one its waiter's own
+-- call found is kept). Reply {0} it gave nothing back; {2} it gave its permits back.
 local s = state()
 local before = s.used
 purge(s)
 local left = MEMBER ~= '' and redis.call('ZREM', PQ, MEMBER) == 1
 local r = 0
 if redis.call('ZSCORE', HOLDERS, TOKEN)
-    and (FLAG ~= 'o' or redis.call('HGET', FENCES, TOKEN) == FENCE) then
+    and (FLAG ~= 'o' or redis.call('HGET', FENCES, TOKEN) == FENCE .. ' g') then
   if give_back(s, TOKEN) == 1 then r = 2 end
 end
 if serve_freed(s, before, left) == 0 and left then
   -- Nobody granted: the watchers are kept fit (the leaver may have been one).
-  if redis.call('EXISTS', PQ) == 1 then slow().watch('', first_end()) else redis.call('DEL', PP) end
+  if redis.call('EXISTS', PQ) == 1 then
+    slow().watch(first_hub(), first_end())
+  else
+    redis.call('DEL', PP)
+  end
 end
 settle(s)
 return {r}

@@ -15,7 +15,13 @@
 --   holders hold (their weights summed; 0 when the holders key is gone). It outlives every
 --   lease (its PX is the retention, or the last lease's end and a second, if later). The
 --   limit is fixed while anyone holds or waits; then a caller asking another gets {5, limit}.
--- Holder fences: a hash, token -> fence of its hold. Expires with the holders.
+-- Holder fences: a hash, token -> fence of its hold: "<fence>", or "<fence> g" for a grant its
+--   waiter has not claimed by a call yet (its waiter holds it when the message arrives, and may
+--   never call; a grant message that reaches a process whose waiter has gone gives back only an
+--   unclaimed grant, as the lock's 'h' state). Expires with the holders.
+-- Watchers: as a lock's, kept out of the process of the holder whose lease ends first (read
+--   from its token, `w<weight>:<hub>/<uuid>` for a queued locker's): the lease they watch must
+--   not fail with them.
 -- Granting: FIFO without barging. The oldest waiter is granted when its weight fits in what is
 -- free; one that does not fit stops the scan (later, lighter waiters wait behind it), so a
 -- release may grant to several waiters at once. Every grant is a full lease (the waiter's TTL):
@@ -65,6 +71,21 @@ local function purge(s)
   for _, token in ipairs(ended) do drop_holder(s, token) end
 end
 
+-- The fence of `token`'s hold (0 if none), claiming it (a call of its waiter found it).
+local function claim(token)
+  local v = redis.call('HGET', FENCES, token)
+  if not v then return 0 end
+  local f, g = string.match(v, '^(%d+)( ?g?)$')
+  if g == ' g' then redis.call('HSET', FENCES, token, f) end
+  return tonumber(f) or 0
+end
+
+-- The process of the holder whose lease ends first ('' if unknown).
+local function first_hub()
+  local first = redis.call('ZRANGE', HOLDERS, 0, 0)[1]
+  return first and string.match(first, '^w%d+:(%x+)/') or ''
+end
+
 -- Ms until the first lease ends (when a permit may come back without a release); 0 if none.
 local function first_end()
   local first = redis.call('ZRANGE', HOLDERS, 0, 0, 'WITHSCORES')
@@ -78,12 +99,15 @@ local function next_fence(s)
   return s.fence
 end
 
--- Gives `token` a lease of `px` ms and the next fence. Returns the fence.
-local function hold(s, token, px)
+-- Gives `token` a lease of `px` ms and the next fence (`granted`: by a grant message, not
+-- claimed yet). Returns the fence.
+local function hold(s, token, px, granted)
   local f = next_fence(s)
   s.changed = true
   redis.call('ZADD', HOLDERS, now_ms() + px, token)
-  redis.call('HSET', FENCES, token, string.format('%.0f', f))
+  local v = string.format('%.0f', f)
+  if granted then v = v .. ' g' end
+  redis.call('HSET', FENCES, token, v)
   s.used = s.used + weight_of(token)
   return f
 end
@@ -116,21 +140,21 @@ local function serve(L, s, self)
   for _, head in ipairs(heads) do
     local hub, ttl, token = L.split_member(head)
     local w = token and weight_of(token)
-    if not w or w > (s.limit or 0) then
-      done[#done + 1] = head -- malformed, or can never fit: dropped
+    local p = w and head ~= self and L.process(hub)
+    if not w or w > (s.limit or 0) or (p and p.is == 'gone') then
+      -- Malformed, can never fit, or nobody listens for it: dropped (a dead head holds back
+      -- nobody).
+      done[#done + 1] = head
     elseif s.used + w > s.limit then
       break
     elseif head == self then
       done[#done + 1] = head
-      mine = hold(s, token, tonumber(TTL))
+      mine = hold(s, token, tonumber(TTL), false)
     else
       done[#done + 1] = head
-      local p = L.process(hub)
-      if p.is ~= 'gone' then
-        local f = hold(s, token, tonumber(ttl))
-        granted = granted + 1
-        L.publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. ttl .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
-      end
+      local f = hold(s, token, tonumber(ttl), true)
+      granted = granted + 1
+      L.publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. ttl .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
     end
   end
   if #done > 0 then redis.call('ZREM', PQ, unpack(done)) end
@@ -149,7 +173,7 @@ local function after_serve(L, s)
   local head = redis.call('ZRANGE', PQ, 0, 0)[1]
   local _, _, token = L.split_member(head or '')
   if token and s.used + (weight_of(token) or 0) <= (s.limit or 0) then px = 0 end
-  L.watch('', px)
+  L.watch(first_hub(), px)
 end
 
 -- Serves the queue when permits came free during this call (`before`: the used count when it
