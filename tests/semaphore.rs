@@ -663,3 +663,78 @@ async fn a_polling_semaphore_counts_too() {
     }
     assert_eq!(ledger.max_seen.load(Ordering::SeqCst), 2);
 }
+
+/// Finding P1 of the permits model (model/README.md): a grant that its waiter's own call found
+/// (its message lost, or crossing the call) is claimed by that call, so the late message,
+/// reaching a process whose waiter had gone, cannot give it back (leave `o`). Before the fix
+/// the leave freed the permit of a holder that was using it. Driven by the raw scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    // The waiter's process listens on its grant channel (a release skips deaf waiters).
+    let listener = server.client().await;
+    listener
+        .subscribe("{waitlock:p1}:s:w:abc123")
+        .await
+        .expect("subscribe");
+    let eval = |script: &'static str, token: &str, member: &str, flag: &str, fence: &str| {
+        let mut args: Vec<Value> = vec![script.into(), 5.into()];
+        for k in ["", ":fence", ":q", ":p", ":f"] {
+            args.push(format!("{{waitlock:p1}}:s{k}").into());
+        }
+        let hub = member.split(' ').next().unwrap_or("");
+        for a in [
+            token, "10000", "3600000", "500", "100", member, hub, flag, fence, "1",
+        ] {
+            args.push(a.into());
+        }
+        let admin = admin.clone();
+        async move { cmd::<Vec<i64>>(&admin, "EVAL", args).await }
+    };
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_LEAVE, PERMIT_RELEASE, PERMIT_STATUS};
+    let (a, b) = ("w1:aaaaaa/1", "w1:abc123/2");
+    let member_b = format!("abc123 10000 {b}");
+    assert_eq!(
+        eval(PERMIT_ACQUIRE, a, "", "", "").await[0],
+        0,
+        "a takes the permit"
+    );
+    let queued = eval(PERMIT_ACQUIRE, b, &member_b, "", "").await;
+    assert_eq!(&queued[..4], &[2, queued[1], 1, 1], "b queues, listening");
+    assert_eq!(
+        eval(PERMIT_RELEASE, a, "", "", "").await,
+        vec![2],
+        "granted to b"
+    );
+    let found = eval(PERMIT_ACQUIRE, b, &member_b, "", "").await;
+    assert_eq!(found[0], 1, "b's own call finds its grant: {found:?}");
+    let fence = found[2].to_string();
+    assert_eq!(
+        eval(PERMIT_LEAVE, b, &member_b, "o", &fence).await,
+        vec![0],
+        "the late message gave back a claimed grant"
+    );
+    let status = eval(PERMIT_STATUS, "-", "", "", "").await;
+    assert_eq!(
+        &status[..4],
+        &[1, 1, 1, 0],
+        "b still holds its permit: {status:?}"
+    );
+    // An unclaimed grant is given back by its orphaned message, and served on.
+    let c = "w1:abc123/3";
+    let member_c = format!("abc123 10000 {c}");
+    eval(PERMIT_ACQUIRE, c, &member_c, "", "").await;
+    assert_eq!(
+        eval(PERMIT_RELEASE, b, "", "", "").await,
+        vec![2],
+        "granted to c"
+    );
+    let fence_c = eval(PERMIT_STATUS, "-", "", "", "").await[5].to_string();
+    assert_eq!(
+        eval(PERMIT_LEAVE, c, &member_c, "o", &fence_c).await,
+        vec![2]
+    );
+    let status = eval(PERMIT_STATUS, "-", "", "", "").await;
+    assert_eq!(&status[..4], &[1, 0, 0, 0], "{status:?}");
+}
