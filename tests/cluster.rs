@@ -522,3 +522,71 @@ async fn five_thousand_slots_resubscribe_after_a_kill() {
     );
     locker.idle().await;
 }
+
+/// Permits on a cluster: a semaphore of 2 on keys over every primary; each key's queue of 3
+/// waiters (weight 1) is served by grants (sharded pub/sub), two at once per release of both
+/// permits, and never more than 2 hold a key at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_grants_on_keys_over_every_primary() {
+    let cluster = RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let holder = polling(&url).await.semaphore(2).expect("semaphore");
+    let (a, b) = (pubsub(&url).await, pubsub(&url).await);
+    let keys: Vec<String> = (0..30).map(|i| format!("permits-{i}")).collect();
+    let owners: HashSet<u16> = keys.iter().map(|k| cluster.owner(slot(k))).collect();
+    assert_eq!(owners.len(), 3, "the keys do not cover every primary");
+    let mut held = Vec::new();
+    for k in &keys {
+        held.push(
+            holder
+                .acquire(k, 2, &LockOptions::new())
+                .await
+                .expect("hold both"),
+        );
+    }
+    let inside: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let over = Arc::new(AtomicU64::new(0));
+    let opts = LockOptions::new().with_wait(Duration::from_secs(20));
+    let mut waiters = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        for locker in [&a, &b, &a] {
+            let sem = locker.semaphore(2).expect("semaphore");
+            let (k, o, inside, over) = (k.clone(), opts.clone(), inside.clone(), over.clone());
+            waiters.push(tokio::spawn(async move {
+                let g = sem.acquire_wait(&k, 1, &o).await.expect("acquire_wait");
+                if inside[i].fetch_add(1, Ordering::SeqCst) >= 2 {
+                    over.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside[i].fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+            }));
+        }
+    }
+    for k in &keys {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while holder.status(k).await.expect("status").queued < 3 {
+            assert!(Instant::now() < deadline, "{k}: waiters never queued");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    for g in held {
+        g.release().await.expect("release");
+    }
+    for w in waiters {
+        w.await.expect("waiter");
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    let grants = sa.wakes.by_notification + sb.wakes.by_notification;
+    assert_eq!(over.load(Ordering::SeqCst), 0, "more than 2 held a key");
+    assert!(
+        grants >= 75,
+        "90 acquisitions, {grants} by grant: {sa:?} {sb:?}"
+    );
+    assert_eq!(sa.wakes.by_timer + sb.wakes.by_timer, 0);
+    for k in &keys {
+        let st = holder.status(k).await.expect("status");
+        assert_eq!((st.held, st.queued), (0, 0), "{k}: {st:?}");
+    }
+    println!("90 permit acquisitions on 3 primaries, {grants} by grant");
+}
