@@ -1264,3 +1264,48 @@ sleep 10 & wait"#,
         dir.read("log")
     );
 }
+
+/// Real holder processes of both permits of a `--limit 2` key (lease 1 s): one is killed
+/// (-9, its command too), the other frozen (SIGSTOP). Two new runs get the permits when the
+/// leases end, while the frozen holder is still stopped; resumed, it finds its permit gone,
+/// terminates its command and exits 75.
+#[test]
+fn killed_and_frozen_permit_holders_free_their_permits_at_lease_end() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("permit-faults");
+    let holders: Vec<Spawned> = (0..2)
+        .map(|i| {
+            let mut c = waitlock(&server, &dir);
+            c.args(["run", "--limit", "2", "--ttl", "1s", "jobs", "--"])
+                .args(["sh", "-c", HOLD_UNTIL_GO]);
+            Spawned::start(c, &dir, &format!("holder{i}.err"))
+        })
+        .collect();
+    await_file(&dir, "log", "both holders", |s| {
+        s.matches("start").count() == 2
+    });
+    let (mut killed, mut frozen) = {
+        let mut it = holders.into_iter();
+        (it.next().unwrap(), it.next().unwrap())
+    };
+    kill_tree(&mut killed.child);
+    frozen.signal("-STOP");
+    let stopped_at = Instant::now();
+    let runs: Vec<Spawned> = (0..2)
+        .map(|i| {
+            let mut c = waitlock(&server, &dir);
+            c.args(["run", "--limit", "2", "--wait", "15s", "jobs", "--"])
+                .args(["sh", "-c", "echo got >> got"]);
+            Spawned::start(c, &dir, &format!("run{i}.err"))
+        })
+        .collect();
+    for mut r in runs {
+        assert_eq!(r.wait().code(), Some(0), "{}", r.stderr());
+    }
+    let took = stopped_at.elapsed();
+    assert_eq!(dir.read("got").lines().count(), 2);
+    println!("both permits back {took:?} after the kill and the freeze (lease 1 s)");
+    frozen.signal("-CONT");
+    assert_eq!(frozen.wait().code(), Some(75), "{}", frozen.stderr());
+    assert!(frozen.stderr().contains("lost"), "{}", frozen.stderr());
+}
