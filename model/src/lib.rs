@@ -64,6 +64,7 @@
 //! **Switches.** `Cfg::default()` is the code as it is. `Cfg::bug` brings back one of two old
 //! bugs, and `Cfg::revert` takes one of the fixes of findings F1–F7 back (the finding tests).
 
+pub mod permits;
 use stateright::{Model, Property, Representative};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

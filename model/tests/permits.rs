@@ -1,0 +1,415 @@
+//! The model checks of waitlock's permits (`waitlock_model::permits`, see `model/README.md`,
+//! "Permits"): 3 processes × 2 waiters of weights 2 and 1 on one key of 3 permits, exhaustive
+//! runs (DFS + symmetry, 2 threads) of the scripts as they are (`Cfg::default()`) without
+//! faults and for each pair of the fault families loss, freeze and kill (budget 1 each); the
+//! findings P1–P3, each replayed with its fix reverted (`Cfg::revert`); the bug switches'
+//! shortest counterexamples (1-thread BFS with the first-violation latch).
+//!
+//! **Properties** (`waitlock_model::permits::P1`…`P4`):
+//! - (1) the weights of the guards valid at a tick (`valid_until`, as the client computes it,
+//!   not passed) sum to at most N;
+//! - (2) FIFO without barging: no script makes a hold for a waiter while an older queue member
+//!   (one queued before it) of a process Redis sees listening stays queued, ungranted, after
+//!   that script;
+//! - (2b) the idle bound: no tick passes while a waiter of a running process waits in the queue
+//!   and a serve run then (a purge, then the scan as the scripts do it: a head nobody listens
+//!   for is dropped, the first other head that does not fit stops it) would grant someone
+//!   (`Cfg::idle_bound` = 0 consecutive ticks);
+//! - (3) a returned guard's fence is the fence Redis has for its hold (whose lease runs), and
+//!   every hold's fence is above every earlier one;
+//! - (4) once every waiter has returned and no message is in flight, no queue member and no
+//!   running lease of a process that is still alive is left.
+//!
+//! **Findings** (the scripts before commit "Permits: fix three findings of the permits
+//! model"; `Cfg::revert` brings each back):
+//! - P1, safety, no fault needed: a waiter whose attempt crossed its own grant message returned
+//!   a guard from the attempt's `{1, pttl, fence}` reply; the grant message then reached a
+//!   process where that waiter had gone, and the dispatcher's give-back (permit_leave.lua, flag
+//!   `o`, fence matching) freed the permits the guard was using: (1) fails
+//!   (`finding_p1_orphan_give_back`). Fix: a grant is recorded unclaimed (`"<fence> g"`), the
+//!   waiter's acquire `{1}` and extend claim it, and `o` gives back only an unclaimed one.
+//! - P2, liveness: the watchers could be waiters of a holder's process; a freeze of that
+//!   process (its lease runs out, its watcher is silent) and the kill of the other watcher's
+//!   process left the live waiters of the third process sleeping while every permit was free
+//!   (`finding_p2_watchers_fail_with_a_holder`). Fix: `first_hub()`, the process of the holder
+//!   whose lease ends first, is skipped by `watch` and recorded as `'!h'` before `watching`.
+//! - P3 (an observation, not a property): `serve` asked whether a head fits before whether
+//!   anyone listens for it, so a dead head that did not fit held back lighter live waiters
+//!   (`finding_p3_dead_head`). Fix: a dead head is dropped first.
+//!
+//! **What is left** (the scripts as they are): (1), (2), (3) and (4) hold in every pair; (2b)
+//! fails in every pair with a fault, one freeze or one kill being enough: skipping only the
+//! process of the first lease's holder can leave the watchers in another holder's process (and
+//! pass over a waiter of a process that is about to hold nothing), and a call that frees
+//! permits but grants nobody does not look at the watchers again although the first lease's
+//! holder changed (`remaining_p2_one_freeze`, 21 steps; `remaining_p2_freeze_kill`, 17 steps).
+//! With P2's fix reverted (2b) holds in loss + kill (`revert_p2_loss_kill`) and loss + freeze.
+//! (2b) counts from the next call after a kill (`Cfg::idle_strict` counts from the kill:
+//! `observation_kill_strict`).
+
+use stateright::{Checker, HasDiscoveries, Model, Path};
+use std::collections::BTreeSet;
+use std::time::Instant;
+use waitlock_model::permits::*;
+
+// The unique-state floors of the exhaustive runs (the counts measured less ~1%).
+const FLOOR_NONE: usize = 66_900;
+const FLOOR_LF: usize = 5_748_000;
+const FLOOR_LK: usize = 692_000;
+const FLOOR_FK: usize = 2_466_000;
+const FLOOR_R1: usize = 69_500;
+const FLOOR_R2: usize = 522_000;
+
+/// The scripts as they are with these fault families (budget 1 each): loss, freeze, kill.
+fn with(faults: &[&str]) -> Cfg {
+    let mut c = Cfg::default();
+    for f in faults {
+        match *f {
+            "loss" => c.losses = 1,
+            "freeze" => c.freezes = 1,
+            "kill" => c.kills = 1,
+            other => panic!("unknown fault family {other}"),
+        }
+    }
+    c
+}
+
+/// `cfg` with the fix of one finding taken back.
+fn reverted(r: Revert, cfg: Cfg) -> Cfg {
+    Cfg {
+        revert: Some(r),
+        ..cfg
+    }
+}
+
+/// One exhaustive run: DFS + symmetry, 2 threads. Asserts the run was complete (`min_unique`:
+/// the recorded count less ~1%), that the canaries were reached, and that exactly the
+/// `expected` properties are violated.
+fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
+    let t = Instant::now();
+    let c = Permits::new(cfg)
+        .checker()
+        .symmetry()
+        .threads(2)
+        .spawn_dfs()
+        .join();
+    let unique = c.unique_state_count();
+    println!(
+        "{name}: {unique} unique states ({} generated), depth {}, {:.1} s",
+        c.state_count(),
+        c.max_depth(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(c.is_done());
+    assert!(
+        unique >= min_unique,
+        "{name}: only {unique} unique states (expected at least {min_unique}): run cut short?"
+    );
+    let found = c.discoveries();
+    for canary in [CANARY_ENDED, CANARY_BLOCKED, CANARY_THREE] {
+        assert!(found.contains_key(canary), "{name}: {canary} not reached");
+    }
+    let violated: BTreeSet<&str> = found
+        .keys()
+        .copied()
+        .filter(|p| !p.starts_with("canary"))
+        .collect();
+    let expected: BTreeSet<&str> = expected.iter().copied().collect();
+    if violated != expected {
+        let m = c.model();
+        for p in violated.symmetric_difference(&expected) {
+            if let Some(path) = found.get(p) {
+                println!(
+                    "{name}: {p} (a trace, not the shortest):\n{}",
+                    m.narrate(&path.clone().into_vec())
+                );
+            }
+        }
+        panic!("{name}: violated {violated:?}, expected {expected:?}");
+    }
+}
+
+/// The shortest counterexample of `property` (1-thread BFS in depth order, each property
+/// reporting only its first violation, until `property` has one), printed in words.
+fn shortest(name: &str, cfg: Cfg, property: &'static str) -> Vec<Act> {
+    let t = Instant::now();
+    let mut m = Permits::new(cfg);
+    m.first_only = true;
+    let c = m
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf([property].into()))
+        .spawn_bfs()
+        .join();
+    let path = c
+        .discovery(property)
+        .unwrap_or_else(|| panic!("{name}: no counterexample to {property}"));
+    let actions = path.clone().into_actions();
+    println!(
+        "{name}: shortest counterexample to {property}: {} steps ({} unique states, {:.1} s)\n{}",
+        actions.len(),
+        c.unique_state_count(),
+        t.elapsed().as_secs_f64(),
+        c.model().narrate(&path.into_vec())
+    );
+    c.model().unlatch();
+    c.assert_discovery(property, actions.clone());
+    actions
+}
+
+/// Replays `actions` on `cfg` (`None` if one is not enabled); `Some(states)` otherwise.
+fn replay(cfg: Cfg, actions: &[Act]) -> Option<(Permits, Vec<St>)> {
+    let m = Permits::new(cfg);
+    let init = m.init_states().remove(0);
+    let path = Path::from_actions(&m, init, actions)?;
+    let states = path.into_states();
+    Some((m, states))
+}
+
+fn holds(m: &Permits, property: &str, s: &St) -> bool {
+    let props = m.properties();
+    let p = props.iter().find(|p| p.name == property).unwrap();
+    (p.condition)(m, s)
+}
+
+// ---------------------------------------------------------------- the scripts as they are
+//
+// (1), (2), (3) and (4) hold in every pair; (2b) holds without faults but fails in every pair
+// (one freeze or one kill is enough: `remaining_p2_one_freeze`).
+
+#[test]
+fn fixed_no_faults() {
+    exhaustive("fixed, no faults", with(&[]), FLOOR_NONE, &[]);
+}
+
+#[test]
+fn fixed_loss_freeze() {
+    exhaustive(
+        "fixed, loss + freeze",
+        with(&["loss", "freeze"]),
+        FLOOR_LF,
+        &[P2B],
+    );
+}
+
+#[test]
+fn fixed_loss_kill() {
+    exhaustive(
+        "fixed, loss + kill",
+        with(&["loss", "kill"]),
+        FLOOR_LK,
+        &[P2B],
+    );
+}
+
+#[test]
+fn fixed_freeze_kill() {
+    exhaustive(
+        "fixed, freeze + kill",
+        with(&["freeze", "kill"]),
+        FLOOR_FK,
+        &[P2B],
+    );
+}
+
+// ---------------------------------------------------------------- the findings, reverted
+
+/// P1 reverted, no faults: (1) fails, and only (1).
+#[test]
+fn revert_p1_no_faults() {
+    exhaustive(
+        "P1 reverted, no faults",
+        reverted(Revert::P1Claim, with(&[])),
+        FLOOR_R1,
+        &[P1],
+    );
+}
+
+/// P2 reverted, loss + kill: every property holds (with P2's fix (2b) fails here: the watchers
+/// may be left in another holder's process, `remaining_p2_one_freeze`).
+#[test]
+fn revert_p2_loss_kill() {
+    exhaustive(
+        "P2 reverted, loss + kill",
+        reverted(Revert::P2Watchers, with(&["loss", "kill"])),
+        FLOOR_R2,
+        &[],
+    );
+}
+
+/// P1: the shortest trace, no faults (24 steps). w1 (P0) and w3 (P1) take a permit each free;
+/// w0 (P0, 2), w2 (P1, 2), w4 and w5 (P2) queue, w2 watching (it looks at tick 4). At tick 1
+/// w1's release grants w0 (lease to tick 5). At tick 4 w0 releases and grants w2 (g2 in
+/// flight); w2's watch time is due in the same tick: its attempt finds its own hold
+/// (`{1, 4, fence}`) and returns a guard. Its grant message then reaches P1, where w2 has
+/// gone: the dispatcher gives it back (permit_leave 'o', the fence matches), which grants w4
+/// (weight 2) and w5: w2 and w4 hold valid guards weighing 4 of 3 permits. As the scripts
+/// are, w2's attempt claimed the hold and the give-back leaves it: (1) holds on the replay.
+#[test]
+fn finding_p1_orphan_give_back() {
+    let actions = shortest(
+        "P1 (claim reverted)",
+        reverted(Revert::P1Claim, with(&[])),
+        P1,
+    );
+    assert_eq!(actions.len(), 24);
+    match replay(with(&[]), &actions) {
+        None => println!("P1: as the scripts are, these steps do not happen"),
+        Some((m, states)) => {
+            assert!(states.iter().all(|s| holds(&m, P1, s)));
+            println!("P1: as the scripts are, these steps happen and (1) holds");
+        }
+    }
+}
+
+/// P2: the shortest trace (16 steps, freeze + kill, P1 and P3 fixed). w0 (P0) takes 2
+/// permits free; w2 (P1) and w1 (P0) queue and become the watchers (P0 is the holder's
+/// process); P2's two waiters queue behind. P1 is killed and P0 freezes: w0's lease ends at
+/// tick 4 and nobody looks; P2's waiters sleep with every permit free until their deadline
+/// (in the code: their deadline, or the 100 s safety interval). As the scripts are, w1 is not
+/// made a watcher (P0 holds the first lease), and (2b) holds on the replay.
+#[test]
+fn finding_p2_watchers_fail_with_a_holder() {
+    let actions = shortest(
+        "P2 (watchers reverted, freeze + kill)",
+        reverted(Revert::P2Watchers, with(&["freeze", "kill"])),
+        P2B,
+    );
+    assert_eq!(actions.len(), 16);
+    match replay(with(&["freeze", "kill"]), &actions) {
+        None => println!("P2: as the scripts are, these steps do not happen"),
+        Some((m, states)) => {
+            assert!(states.iter().all(|s| holds(&m, P2B, s)));
+            println!("P2: as the scripts are, these steps happen and (2b) holds");
+        }
+    }
+}
+
+/// P3: P1 is killed while its w2 (weight 2) heads the queue; w1 releases one permit: its
+/// release scans the queue. With P3 reverted, w2 (nobody listens for it) does not fit, so the
+/// scan stops there and keeps it; w5 (P2, weight 1), which fits, waits behind a dead waiter
+/// until two permits are free. As the scripts are, w2 is dropped first and w5 is granted in
+/// that release.
+#[test]
+fn finding_p3_dead_head() {
+    use Act::*;
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(4),
+        Start(5),
+        Attempt(5),
+        Attempt(4),
+        Kill(1),
+        Release(1),
+    ];
+    let (m, states) = replay(reverted(Revert::P3DeadFirst, with(&["kill"])), &t).expect("replays");
+    let last = states.last().unwrap();
+    println!(
+        "P3 (dead-first reverted):\n{}",
+        m.narrate(
+            &states
+                .iter()
+                .cloned()
+                .zip(t.iter().map(|a| Some(*a)).chain([None]))
+                .collect::<Vec<_>>()
+        )
+    );
+    assert!(m.held_by_dead(last), "the dead head holds back w5");
+    assert!(!last.holders.iter().any(|h| h.w == 5));
+    let (m, states) = replay(with(&["kill"]), &t).expect("replays");
+    let last = states.last().unwrap();
+    assert!(!m.held_by_dead(last));
+    assert!(last.holders.iter().any(|h| h.w == 5), "w5 is granted");
+}
+
+// ---------------------------------------------------------------- what is left
+
+/// (2b) on the scripts as they are, one freeze (21 steps): w1 (P0, weight 1) and w2 (P1, 2)
+/// take permits free at tick 0 (leases to tick 4, w1's first); w3 (P1), w4 (P2), w0 (P0) and
+/// w5 (P2) queue, w3 and w4 watching. w2's release grants w3: the watchers keep out of P0
+/// (w1's lease ends first), so w0 is passed over and w4 alone watches; w3's release grants
+/// w4, and w5 (P2) becomes the only watcher, in the process of the holder w4. P2 freezes. w1
+/// releases: w0 (2) does not fit yet, nobody is granted, and the watchers are not looked at
+/// again, although P0 now holds nothing and P2 holds the first lease. w4's lease ends at tick
+/// 4; w5 is frozen; w0 (P0, running) waits with every permit free. With P2's fix reverted, w0
+/// is made a watcher at w2's release (and (2b) holds in loss + kill and in loss + freeze).
+#[test]
+fn remaining_p2_one_freeze() {
+    let actions = shortest("remaining (2b), freeze", with(&["freeze"]), P2B);
+    assert_eq!(actions.len(), 21);
+    // after w2's release (step 11): as the scripts are, w4 (P2) alone watches (w0 is in P0,
+    // the first lease's process); with P2's fix reverted, w0 watches too
+    let watchers = |cfg: Cfg| -> Vec<W> {
+        let (_, states) = replay(cfg, &actions[..11]).expect("replays");
+        let last = states.last().unwrap();
+        last.watchers.iter().flatten().map(|&(_, m)| m).collect()
+    };
+    assert_eq!(watchers(with(&["freeze"])), vec![4]);
+    assert_eq!(
+        watchers(reverted(Revert::P2Watchers, with(&["freeze"]))),
+        vec![4, 0]
+    );
+}
+
+/// (2b) on the scripts as they are, freeze + kill (17 steps): w1 (P0, 1), w3 (P1, 1) and
+/// w5 (P2, 1) take permits free at tick 0, in this order (w1's lease ends first); w2 (P1, 2)
+/// and w4 (P2, 2) queue and take the two free watcher fields (`watching` replaces a watcher of
+/// P0 only); w0 (P0, 2) queues behind, not a watcher. w1 releases: w2 (2) does not fit, nobody
+/// is granted, the watchers stay in P1 and P2, both holders' processes now. P1 freezes and
+/// P2 is killed: w3's and w5's leases end at tick 4 and nobody looks; w0 (P0, running) waits
+/// with every permit free.
+#[test]
+fn remaining_p2_freeze_kill() {
+    let actions = shortest(
+        "remaining (2b), freeze + kill",
+        with(&["freeze", "kill"]),
+        P2B,
+    );
+    assert_eq!(actions.len(), 17);
+}
+
+/// (2b) counted strictly (`Cfg::idle_strict`: a dead head is dropped by the scan at once, as
+/// `serve` does since P3's fix), one kill (11 steps): w0 (P0) holds 2 permits; w2 (P1, 2)
+/// heads the queue, w1 (P0, 1) behind it. P1 is killed: a call now would drop w2 and grant w1,
+/// but no call comes until w0's release or its lease's end (a watcher looks then, which is
+/// what the design promises; the default (2b) counts from there).
+#[test]
+fn observation_kill_strict() {
+    let cfg = Cfg {
+        idle_strict: true,
+        ..with(&["kill"])
+    };
+    let actions = shortest("kill, strict (2b)", cfg, P2B);
+    assert_eq!(actions.len(), 11);
+}
+
+// ---------------------------------------------------------------- the bug switches
+
+/// Barging (serve skips a head that does not fit): w4's plain attempt serves the queue and
+/// grants w1 (weight 1) past w2 (weight 2), which stays queued: (2) fails in 6 steps.
+#[test]
+fn switch_barging() {
+    let cfg = Cfg {
+        bug: Bug::Barging,
+        ..with(&[])
+    };
+    let actions = shortest("Barging", cfg, P2);
+    assert_eq!(actions.len(), 6);
+}
+
+/// A double free (give_back frees a token's weight although it holds nothing), with one
+/// freeze: P0 freezes holding 3 permits (w0 2, w1 1) past their leases; at tick 4 the holders
+/// key expires with them and w2 (P1, 2), a watcher, takes 2 permits; P0 resumes and w0's late
+/// release frees its 2 permits again, granting w4 (P2, 2) and w3: w2 and w4 hold valid guards
+/// weighing 4 of 3 permits: (1) fails in 23 steps.
+#[test]
+fn switch_double_free() {
+    let cfg = Cfg {
+        bug: Bug::DoubleFree,
+        ..with(&["freeze"])
+    };
+    let actions = shortest("DoubleFree", cfg, P1);
+    assert_eq!(actions.len(), 23);
+}
