@@ -186,7 +186,11 @@ local function slow()
   -- process is not fresh), current ones before new ones (a new one costs a message). A kept
   -- watcher that would look later than the lease ends is told again; with `later` (a refresh)
   -- also one that would look earlier, so that watchers of a lock held long make no calls.
-  local function watch(skip, px, later)
+  -- Permits pass `skip` as a set of hubs (the holders' processes) and `fill`: both fields are
+  -- filled, from the skipped processes when no other is left.
+  local function watch(skip, px, later, fill)
+    local skips = skip
+    if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
     local cands = {}
     for _, field in ipairs(WATCHERS) do
@@ -204,7 +208,7 @@ local function slow()
       for _, c in ipairs(cands) do
         if #chosen == 2 then return end
         local whub, _, wtoken = split_member(c.m)
-        if whub and not hubs[whub] and (allow_skip or whub ~= skip) then
+        if whub and not hubs[whub] and (allow_skip or not skips[whub]) then
           local p = process(whub)
           if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
             hubs[whub] = true
@@ -217,7 +221,7 @@ local function slow()
     pick(true, false)
     pick(false, false)
     -- Only the new holder's own process is left: better one of its waiters than none.
-    if #chosen == 0 then pick(false, true) end
+    if #chosen == 0 or fill then pick(false, true) end
     redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
     for i, c in ipairs(chosen) do
       if not c.at or until_ms < c.at or (later and until_ms > c.at) then
@@ -233,7 +237,8 @@ local function slow()
   -- watchers stay in two processes (one process's fault must not silence both), and a
   -- newcomer of another process replaces a watcher of the holder's (which would fail with
   -- the holder).
-  local function watching(pttl)
+  -- Permits pass `holding`, the set of holders' processes, in place of the lock's holder.
+  local function watching(pttl, holding)
     local ms, hubs = {}, {}
     for i, field in ipairs(WATCHERS) do
       local v = redis.call('HGET', pkey, field)
@@ -250,12 +255,14 @@ local function slow()
         if not mine and not ms[i] and fits(i) then mine = i end
       end
     end
-    if not mine then
+    if not mine and not holding then
+      holding = {}
       local holder = redis.call('HGET', pkey, '!h')
-      if holder and holder ~= HUB then
-        for i = 1, 2 do
-          if not mine and hubs[i] == holder and fits(i) then mine = i end
-        end
+      if holder then holding[holder] = true end
+    end
+    if not mine and not holding[HUB] then
+      for i = 1, 2 do
+        if not mine and hubs[i] and holding[hubs[i]] and fits(i) then mine = i end
       end
     end
     if not mine then return 0 end

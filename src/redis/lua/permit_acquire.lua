@@ -56,11 +56,9 @@ if MEMBER == '' then
 end
 L = L or slow()
 L.seen(HUB)
--- `watching` keeps the watchers out of the first lease's holder's process.
-L.held_by(first_hub())
 if redis.call('ZADD', PQ, 'NX', now_us(), MEMBER) == 1 then redis.call('PEXPIRE', PQ, RETAIN) end
 local listening = 0
 if L.listener(HUB) then listening = 1 end
-local watching = L.watching(pttl)
+local watching = L.watching(pttl, holding())
 settle(s)
 return {2, pttl, 1, listening, s.fence, watching, now_us(), redis.call('ZCARD', PQ)}

@@ -16,5 +16,5 @@ redis.call('ZADD', HOLDERS, 'XX', now_ms() + tonumber(TTL), TOKEN)
 s.changed = true
 serve_freed(s, before, false)
 settle(s)
-if redis.call('EXISTS', PQ) == 1 then slow().watch(first_hub(), first_end(), true) end
+if redis.call('EXISTS', PQ) == 1 then rewatch(slow(), first_end(), true) end
 return {1, claim(TOKEN)}

@@ -12,13 +12,7 @@ if redis.call('ZSCORE', HOLDERS, TOKEN)
     and (FLAG ~= 'o' or redis.call('HGET', FENCES, TOKEN) == FENCE .. ' g') then
   if give_back(s, TOKEN) == 1 then r = 2 end
 end
-if serve_freed(s, before, left) == 0 and left then
-  -- Nobody granted: the watchers are kept fit (the leaver may have been one).
-  if redis.call('EXISTS', PQ) == 1 then
-    slow().watch(first_hub(), first_end())
-  else
-    redis.call('DEL', PP)
-  end
-end
+-- The queue is served and its watchers chosen again (the leaver may have been one).
+serve_freed(s, before, left)
 settle(s)
 return {r}

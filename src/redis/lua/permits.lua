@@ -19,9 +19,10 @@
 --   waiter has not claimed by a call yet (its waiter holds it when the message arrives, and may
 --   never call; a grant message that reaches a process whose waiter has gone gives back only an
 --   unclaimed grant, as the lock's 'h' state). Expires with the holders.
--- Watchers: as a lock's, kept out of the process of the holder whose lease ends first (read
---   from its token, `w<weight>:<hub>/<uuid>` for a queued locker's): the lease they watch must
---   not fail with them.
+-- Watchers: as a lock's (two, of two processes), chosen first among processes that hold no
+--   permits (the holders' processes are read from their tokens, `w<weight>:<hub>/<uuid>` for a
+--   queued locker's; the first 16 leases to end), then among holders' ones: a fault of a
+--   holder's process must not silence the waiters that would take its permits.
 -- Granting: FIFO without barging. The oldest waiter is granted when its weight fits in what is
 -- free; one that does not fit stops the scan (later, lighter waiters wait behind it), so a
 -- release may grant to several waiters at once. Every grant is a full lease (the waiter's TTL):
@@ -80,10 +81,19 @@ local function claim(token)
   return tonumber(f) or 0
 end
 
--- The process of the holder whose lease ends first ('' if unknown).
-local function first_hub()
-  local first = redis.call('ZRANGE', HOLDERS, 0, 0)[1]
-  return first and string.match(first, '^w%d+:(%x+)/') or ''
+-- The processes of the holders whose leases end first (16 at most): a set.
+local function holding()
+  local set = {}
+  for _, token in ipairs(redis.call('ZRANGE', HOLDERS, 0, 15)) do
+    local hub = string.match(token, '^w%d+:(%x+)/')
+    if hub then set[hub] = true end
+  end
+  return set
+end
+
+-- Tells the watchers when to look (see `watch` in common.lua).
+local function rewatch(L, px, later)
+  L.watch(holding(), px, later, true)
 end
 
 -- Ms until the first lease ends (when a permit may come back without a release); 0 if none.
@@ -173,17 +183,21 @@ local function after_serve(L, s)
   local head = redis.call('ZRANGE', PQ, 0, 0)[1]
   local _, _, token = L.split_member(head or '')
   if token and s.used + (weight_of(token) or 0) <= (s.limit or 0) then px = 0 end
-  L.watch(first_hub(), px)
+  rewatch(L, px, false)
 end
 
 -- Serves the queue when permits came free during this call (`before`: the used count when it
--- began) or `always`. Returns how many waiters were granted.
+-- began) or `always`; then the watchers are chosen again (the holders changed). Returns how
+-- many waiters were granted.
 local function serve_freed(s, before, always)
   if not always and s.used >= before then return 0 end
-  if redis.call('EXISTS', PQ) == 0 then return 0 end
+  if redis.call('EXISTS', PQ) == 0 then
+    if always then redis.call('DEL', PP) end
+    return 0
+  end
   local L = slow()
-  local _, changed, granted = serve(L, s, '')
-  if changed then after_serve(L, s) end
+  local _, _, granted = serve(L, s, '')
+  after_serve(L, s)
   return granted
 end
 
