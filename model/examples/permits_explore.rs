@@ -5,8 +5,9 @@
 //! ```
 //!
 //! `PERMITS` is a comma-separated list: fault families (budget 1 each) `loss`, `freeze`,
-//! `kill`; bug switches `barging`, `double`; one fix taken back `-p1`, `-p2`, `-p3`
-//! (`Cfg::revert`); `bound=`, `h=`, `d=`, `ttl=`, `notice=` (idle bound, horizon, deadline, TTL,
+//! `kill`; bug switches `barging`, `double`; one fix taken back `-p1`, `-p2` (P2's very first
+//! rule), `-p2first` (P2's first fix, `first_hub`), `-p3` (`Cfg::revert`); the suggestions
+//! `fill` (`Cfg::fill_first_last`) and `at` (`Cfg::watch_at`); `bound=`, `h=`, `d=`, `ttl=`, `notice=` (idle bound, horizon, deadline, TTL,
 //! freeze notice, in ticks). `BFS=1` stops at the first violation and prints the shortest
 //! counterexample of each property violated by then (1 thread, no symmetry); otherwise DFS +
 //! symmetry on 2 threads explores everything and prints a counterexample (not the shortest) per
@@ -30,7 +31,10 @@ fn main() {
             "double" => cfg.bug = Bug::DoubleFree,
             "-p1" => cfg.revert = Some(Revert::P1Claim),
             "-p2" => cfg.revert = Some(Revert::P2Watchers),
+            "-p2first" => cfg.revert = Some(Revert::P2FirstHub),
             "-p3" => cfg.revert = Some(Revert::P3DeadFirst),
+            "fill" => cfg.fill_first_last = true,
+            "at" => cfg.watch_at = true,
             x if x.starts_with("bound=") => cfg.idle_bound = num(&x[6..]),
             x if x.starts_with("h=") => cfg.horizon = num(&x[2..]),
             x if x.starts_with("d=") => cfg.wait = num(&x[2..]),

@@ -7,9 +7,10 @@
 //! `permit_release.lua`, `permit_extend.lua`, `permit_leave.lua`: `Permits::acquire`,
 //! `release`, `extend`, `leave`), each one atomic step, with one function per stateful
 //! function of `permits.lua` (same names: `state`, `drop_holder`, `purge`, `claim`,
-//! `first_hub`, `first_end`, `next_fence`, `hold`, `settle`, `serve`, `after_serve`,
-//! `serve_freed`, `give_back`) and of `common.lua` that they use (`listener`, `process`,
-//! `publish`, `seen`, `watch`, `watching`, with `held_by` as `watching`'s argument). Redis
+//! `holding`, `rewatch`, `first_end`, `next_fence`, `hold`, `settle`, `serve`, `after_serve`,
+//! `serve_freed`, `give_back`; `first_hub` as it was, for `Revert::P2FirstHub`) and of
+//! `common.lua` that they use (`listener`, `process`, `publish`, `seen`, `watch(skip, px,
+//! later, fill)` with `skip` a set of processes, `watching(pttl, holding)`). Redis
 //! state: the holders (token → lease end, and the holder fences hash: fence and whether the
 //! hold is an unclaimed grant, `"<fence> g"`), the state key's fence and `used`, the FIFO
 //! queue, the processes hash (seen ticks and the two watcher fields `'!w1'`, `'!w2'`), and the
@@ -32,8 +33,9 @@
 //! grant message from the anchor (the queueing attempt: every call here runs in the tick it is
 //! sent, so `since` is the grant's tick); the drift margin is below a tick (0). Every lease is
 //! the same TTL from the call that sets it, so the holders are kept in the order their leases
-//! were set, which is the order of their ends in Redis (`first_hub` and `ZRANGE HOLDERS 0 0`),
-//! also for leases that end in the same tick here.
+//! were set, which is the order of their ends in Redis (`first_end`, `first_hub` and `ZRANGE
+//! HOLDERS 0 0`), also for leases that end in the same tick here; `holding()` reads every
+//! holder (at most 6 here, the scripts read 16).
 //!
 //! **Faults**, budgeted: a message lost (the hub then wakes the process's waiters), a process
 //! frozen and resumed (a freeze of `notice` ticks or more is noticed: its waiters look), a
@@ -53,15 +55,20 @@
 //! every process has the same weights) and fences renumbered by rank.
 //!
 //! **Findings** (`tests/permits.rs`, README "Permits"), each fixed in the scripts (commit
-//! "Permits: fix three findings of the permits model") and kept as `Cfg::revert`: P1 (1) failed
-//! without any fault: a waiter whose attempt crossed its own grant message returned a guard
-//! from the `{1, pttl, fence}` reply, and the dispatcher then gave that grant back (leave `o`,
-//! its fence matched) while the guard was in use (`Revert::P1Claim`). P2 (2b) failed in
-//! freeze + kill: the watchers could be waiters of a holder's process
-//! (`Revert::P2Watchers`). P3: a dead head that did not fit held back lighter live waiters
-//! (`Revert::P3DeadFirst`). Left on the fixed scripts: (2b) fails with one freeze or one kill
-//! (the watchers skip only the first lease's process, and a call that frees permits but grants
-//! nobody does not recompute them).
+//! "Permits: fix three findings of the permits model"; P2 again in commit "Permits: watchers
+//! preferably outside the holders' processes, chosen again whenever permits come free") and
+//! kept as `Cfg::revert`: P1 (1) failed without any fault: a waiter whose attempt crossed its
+//! own grant message returned a guard from the `{1, pttl, fence}` reply, and the dispatcher
+//! then gave that grant back (leave `o`, its fence matched) while the guard was in use
+//! (`Revert::P1Claim`). P2 (2b) failed in freeze + kill: the watchers could be waiters of a
+//! holder's process (`Revert::P2Watchers`); the first fix, skipping only the first lease's
+//! process (`Revert::P2FirstHub`), failed with one freeze. P3: a dead head that did not fit held
+//! back lighter live waiters (`Revert::P3DeadFirst`). Left on the scripts as they are: (2b)
+//! fails in freeze + kill only (a tick at most here): two of three processes hold, the fill
+//! takes the watcher of the holders' processes from the first lease's one, and the two
+//! watchers' processes are frozen and killed; and a watch message read late by a process frozen
+//! briefly (less than `notice`) makes its waiter look late. Two suggestions, not in the
+//! scripts, remove both (`Cfg::fill_first_last`, `Cfg::watch_at`).
 //!
 //! **Switches** (`Cfg::bug`): `Bug::Barging` (serve skips a head that does not fit and grants
 //! the lighter ones behind it) and `Bug::DoubleFree` (give_back subtracts the token's weight
@@ -98,7 +105,9 @@ pub enum Bug {
 }
 
 /// The behaviours that findings P1–P3 changed (commit "Permits: fix three findings of the
-/// permits model"), each as it was before its fix (`Cfg::revert`).
+/// permits model", and for P2 again commit "Permits: watchers preferably outside the holders'
+/// processes, chosen again whenever permits come free"), each as it was before its fix
+/// (`Cfg::revert`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Revert {
     /// P1: no unclaimed marker: a holder fence is `"<fence>"` whoever made the hold, nothing
@@ -106,11 +115,21 @@ pub enum Revert {
     /// message is `"<fence> g"`, acquire's `{1}` path and extend claim it, and 'o' gives back
     /// only `FENCE .. ' g'`).
     P1Claim,
-    /// P2: the watchers ignore the holders' processes: `after_serve` and leave call
-    /// `watch('', ..)`, extend `watch(HUB, ..)` (the caller's process), and acquire's enqueue
-    /// path records no `'!h'` before `watching` (now: `first_hub()`, the process of the holder
-    /// whose lease ends first, is skipped by `watch` and written as `'!h'` before `watching`).
+    /// P2 as it first was: the watchers ignore the holders' processes: `after_serve` and leave
+    /// call `watch('', ..)`, extend `watch(HUB, ..)` (the caller's process), and acquire's
+    /// enqueue path records no `'!h'` before `watching`; with `serve_freed` and leave as in
+    /// `P2FirstHub`.
     P2Watchers,
+    /// P2's first fix (commit "Permits: fix three findings of the permits model"):
+    /// `first_hub()`, the process of the holder whose lease ends first, is skipped by `watch`
+    /// (after_serve, extend, leave: `watch(first_hub(), ..)`, no `fill`: another holder's process
+    /// is not skipped, and the skipped one is taken only when no other is left) and written as
+    /// `'!h'` before `watching` (`held_by(first_hub())`); `serve_freed` calls `after_serve` only
+    /// when the serve changed the queue, and leave, when it left the queue and nobody was
+    /// granted, calls `watch(first_hub(), first_end())` or, the queue gone, `DEL` the processes
+    /// hash (now: `holding()`, the set of holders' processes, with `fill`; `serve_freed`
+    /// chooses the watchers whenever permits came free).
+    P2FirstHub,
     /// P3: `serve` asks whether a head fits before whether anyone listens for it, so a dead head
     /// that does not fit stops the scan and is kept (now: a head nobody listens for is dropped
     /// first).
@@ -153,6 +172,14 @@ pub struct Cfg {
     pub revert: Option<Revert>,
     /// Steps offered only between cascades of urgent steps: CALM_* bits.
     pub calm: u8,
+    /// A suggestion, not in the scripts: `watch` with `fill` takes the skipped (holders')
+    /// processes other than the first lease's before that one (`first_hub()` last: a running
+    /// process whose lease ends first releases, a call, before the others' end).
+    pub fill_first_last: bool,
+    /// A suggestion, not in the scripts or the client: a watch message says when to look
+    /// (Redis time, converted as a grant's time is), not a delay counted from its reading (a
+    /// process frozen for less than `notice` reads it late and looks late).
+    pub watch_at: bool,
 }
 
 pub const CALM_FREEZE: u8 = 1;
@@ -180,6 +207,8 @@ impl Default for Cfg {
             bug: Bug::None,
             revert: None,
             calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_KILL | CALM_RECOVER,
+            fill_first_last: false,
+            watch_at: false,
         }
     }
 }
@@ -498,8 +527,11 @@ impl Permits {
         s.watchers = [None, None];
     }
 
-    // mirrors common.lua -> slow -> watch(skip, px, later): keep two watchers of two processes
-    fn watch(&self, s: &mut St, skip: Option<usize>, px: u8, later: bool) {
+    // mirrors common.lua -> slow -> watch(skip, px, later, fill): keep two watchers of two
+    // processes, fresh ones not skipped first, then stale ones not skipped, then (when none
+    // was chosen, or with `fill`) from the skipped processes. `skip`: a set of processes (a
+    // bit each; the lock's single `skip` and `''` are one bit and none)
+    fn watch(&self, s: &mut St, skip: u8, px: u8, later: bool, fill: bool) {
         let until = s.now + px;
         let stat: [Status; NP] = std::array::from_fn(|p| self.process(s, p));
         let mut cands: Fifo<(W, Option<u8>), 8> = Fifo::default();
@@ -514,27 +546,31 @@ impl Permits {
             cands.push((m, None));
         }
         let mut chosen: Fifo<(W, Option<u8>), 2> = Fifo::default();
-        let mut hubs = 0u32;
-        let mut pick =
-            |fresh_only: bool, allow_skip: bool, chosen: &mut Fifo<(W, Option<u8>), 2>| {
-                for &(m, at) in cands.iter() {
-                    if chosen.len() == 2 {
-                        return;
-                    }
-                    let wp = pw(m);
-                    if hubs & (1 << wp) == 0 && (allow_skip || Some(wp) != skip) {
-                        let st = stat[wp];
-                        if st != Status::Gone && (st == Status::Fresh || !fresh_only) {
-                            hubs |= 1 << wp;
-                            chosen.push((m, at));
-                        }
+        let mut hubs = 0u8;
+        let mut pick = |fresh_only: bool, allowed: u8, chosen: &mut Fifo<(W, Option<u8>), 2>| {
+            for &(m, at) in cands.iter() {
+                if chosen.len() == 2 {
+                    return;
+                }
+                let wp = pw(m);
+                if hubs & (1 << wp) == 0 && allowed & (1 << wp) != 0 {
+                    let st = stat[wp];
+                    if st != Status::Gone && (st == Status::Fresh || !fresh_only) {
+                        hubs |= 1 << wp;
+                        chosen.push((m, at));
                     }
                 }
-            };
-        pick(true, false, &mut chosen);
-        pick(false, false, &mut chosen);
-        if chosen.is_empty() {
-            pick(false, true, &mut chosen);
+            }
+        };
+        pick(true, !skip, &mut chosen);
+        pick(false, !skip, &mut chosen);
+        if chosen.is_empty() || fill {
+            if fill && self.cfg.fill_first_last {
+                // the suggestion: the first lease's process last
+                let first = self.first_hub(s).map_or(0, |p| 1 << p);
+                pick(false, !first, &mut chosen);
+            }
+            pick(false, !0, &mut chosen);
         }
         s.watchers = [None, None];
         for (i, &(m, at)) in chosen.iter().enumerate() {
@@ -551,12 +587,14 @@ impl Permits {
         }
     }
 
-    // mirrors common.lua -> slow -> watching(pttl), `holder` the '!h' field that
-    // permit_acquire.lua's `L.held_by(first_hub())` wrote just before (the field is read by
-    // nothing else in the permit scripts, so it is not kept in the state): is the new member a
-    // watcher? Its own field, a free field (two processes), or the field of a watcher of the
-    // holder's process (another than the caller's).
-    fn watching(&self, s: &mut St, m: W, pttl: u8, holder: Option<usize>) -> bool {
+    // mirrors common.lua -> slow -> watching(pttl, holding): is the new member a watcher? Its
+    // own field, a free field (the two in two processes), or, if its process is not in
+    // `holding` (a set of processes, a bit each), the field of a watcher whose process is
+    // (another field's process not the caller's). Permits pass `holding()`; before, the lock's
+    // rule with the '!h' field that `L.held_by(first_hub())` wrote just before (one process,
+    // `Revert::P2FirstHub`; none recorded, `Revert::P2Watchers`; the field is read by nothing
+    // else in the permit scripts, so it is not kept in the state).
+    fn watching(&self, s: &mut St, m: W, pttl: u8, holding: u8) -> bool {
         let hub = pw(m);
         let hubs = s.watchers.map(|x| x.map(|(_, o)| pw(o)));
         let fits = |f: usize| hubs[1 - f] != Some(hub);
@@ -564,8 +602,10 @@ impl Permits {
             .find(|&f| matches!(s.watchers[f], Some((_, o)) if o == m))
             .or_else(|| (0..2).find(|&f| s.watchers[f].is_none() && fits(f)))
             .or_else(|| {
-                let holder = holder.filter(|&h| h != hub)?;
-                (0..2).find(|&f| hubs[f] == Some(holder) && fits(f))
+                if holding & (1 << hub) != 0 {
+                    return None;
+                }
+                (0..2).find(|&f| hubs[f].is_some_and(|h| holding & (1 << h) != 0) && fits(f))
             });
         let Some(f) = field else { return false };
         s.watchers[f] = Some((clamp(s.now, s.now + pttl), m));
@@ -614,21 +654,47 @@ impl Permits {
             .unwrap_or(0)
     }
 
-    // mirrors permits.lua -> first_hub(): the process of the holder whose lease ends first
-    // (ZRANGE HOLDERS 0 0: the lowest end; of leases ending in the same tick, the one set
-    // first, `holders` being in that order)
-    fn first_hub(&self, s: &St) -> Option<usize> {
-        s.holders.iter().min_by_key(|h| h.end).map(|h| pw(h.w))
+    // mirrors permits.lua -> holding(): the processes of the holders whose leases end first
+    // (ZRANGE HOLDERS 0 15: here every holder), a bit each
+    fn holding(&self, s: &St) -> u8 {
+        s.holders.iter().fold(0, |set, h| set | 1 << pw(h.w))
     }
 
-    /// The process the watchers keep out of (P2's fix; `None` with `Revert::P2Watchers`, or
-    /// `old` for extend's `watch(HUB, ..)`).
-    fn skip_hub(&self, s: &St, old: Option<usize>) -> Option<usize> {
-        if self.reverted(Revert::P2Watchers) {
-            old
-        } else {
-            self.first_hub(s)
+    // mirrors permits.lua -> rewatch(L, px, later): `L.watch(holding(), px, later, true)`.
+    // With P2 reverted, the call it replaced: `watch(first_hub(), px, later)`
+    // (`Revert::P2FirstHub`), or `watch('', px)`, extend's `watch(HUB, px, true)` (`caller`,
+    // `Revert::P2Watchers`)
+    fn rewatch(&self, s: &mut St, px: u8, later: bool, caller: Option<usize>) {
+        match self.cfg.revert {
+            Some(Revert::P2Watchers) => {
+                let skip = caller.map_or(0, |p| 1 << p);
+                self.watch(s, skip, px, later, false)
+            }
+            Some(Revert::P2FirstHub) => {
+                let skip = self.first_hub(s).map_or(0, |p| 1 << p);
+                self.watch(s, skip, px, later, false)
+            }
+            _ => {
+                let skip = self.holding(s);
+                self.watch(s, skip, px, later, true)
+            }
         }
+    }
+
+    /// The rule of the watchers is P2's second fix (`holding()`, `rewatch`, `serve_freed`
+    /// choosing the watchers whenever permits came free), not an earlier one.
+    fn holding_rule(&self) -> bool {
+        !matches!(
+            self.cfg.revert,
+            Some(Revert::P2Watchers | Revert::P2FirstHub)
+        )
+    }
+
+    // mirrors permits.lua -> first_hub() as it was (`Revert::P2FirstHub`; also the suggestion
+    // `Cfg::fill_first_last`): the process of the holder whose lease ends first (ZRANGE HOLDERS 0 0: the lowest end; of leases ending in
+    // the same tick, the one set first, `holders` being in that order)
+    fn first_hub(&self, s: &St) -> Option<usize> {
+        s.holders.iter().min_by_key(|h| h.end).map(|h| pw(h.w))
     }
 
     // mirrors permits.lua -> next_fence(s)
@@ -742,8 +808,7 @@ impl Permits {
         if s.used + self.weight(head) <= self.cfg.permits {
             px = 0;
         }
-        let skip = self.skip_hub(s, None);
-        self.watch(s, skip, px, false);
+        self.rewatch(s, px, false, None);
     }
 
     // mirrors permits.lua -> serve_freed(s, before, always)
@@ -752,10 +817,15 @@ impl Permits {
             return 0;
         }
         if s.queue.is_empty() {
+            if always && self.holding_rule() {
+                self.del_pp(s);
+            }
             return 0;
         }
         let (_, changed, granted) = self.serve(s, None);
-        if changed {
+        // the holders changed: the watchers are chosen again (before P2's second fix: only
+        // when the queue changed)
+        if changed || self.holding_rule() {
             self.after_serve(s);
         }
         granted
@@ -852,11 +922,16 @@ impl Permits {
         if !s.queue.contains(&w) {
             s.queue.push(w);
         }
-        // `L.held_by(first_hub())`: `watching` keeps the watchers out of the first lease's
-        // holder's process
-        let holder = self.skip_hub(s, None);
+        // `L.watching(pttl, holding())`; before P2's second fix `L.held_by(first_hub())`
+        // then `L.watching(pttl)` (the '!h' field: one process), and before P2's first fix
+        // no '!h' (none)
+        let holding = match self.cfg.revert {
+            Some(Revert::P2Watchers) => 0,
+            Some(Revert::P2FirstHub) => self.first_hub(s).map_or(0, |p| 1 << p),
+            _ => self.holding(s),
+        };
         let deaf = !self.listener(s, p);
-        let watcher = self.watching(s, w, pttl, holder);
+        let watcher = self.watching(s, w, pttl, holding);
         self.settle(s);
         Reply::Locked {
             remaining: pttl,
@@ -904,8 +979,7 @@ impl Permits {
             m.settle(s);
             if !s.queue.is_empty() {
                 let fe = m.first_end(s);
-                let skip = m.skip_hub(s, Some(pw(w)));
-                m.watch(s, skip, fe, true);
+                m.rewatch(s, fe, true, Some(pw(w)));
             }
             Reply::Renewed(h.fence)
         })
@@ -934,11 +1008,14 @@ impl Permits {
                     r = Reply::Done;
                 }
             }
-            if m.serve_freed(s, before, left) == 0 && left {
+            // the queue is served and its watchers chosen again (the leaver may have been
+            // one)
+            let granted = m.serve_freed(s, before, left);
+            if !m.holding_rule() && granted == 0 && left {
+                // before P2's second fix: nobody granted, the watchers kept fit
                 if !s.queue.is_empty() {
                     let fe = m.first_end(s);
-                    let skip = m.skip_hub(s, None);
-                    m.watch(s, skip, fe, false);
+                    m.rewatch(s, fe, false, None);
                 } else {
                     m.del_pp(s);
                 }
@@ -1517,6 +1594,9 @@ impl Permits {
                     if let Some(g) = t.grant.as_mut() {
                         g.fresh = false;
                     }
+                    if let Some(px) = t.watch_msg.as_mut().filter(|_| self.cfg.watch_at) {
+                        *px = px.saturating_sub(1);
+                    }
                 }
                 Ws::Holding { until } => *until = clamp(now, *until),
                 _ => {}
@@ -1524,8 +1604,12 @@ impl Permits {
         }
         for ch in s.chans.iter_mut() {
             for m in ch.iter_mut() {
-                if let Msg::Grant { fresh, .. } = m {
-                    *fresh = false;
+                match m {
+                    Msg::Grant { fresh, .. } => *fresh = false,
+                    // the suggestion: a watch message names a time, not a delay from its
+                    // reading
+                    Msg::Watch { px, .. } if self.cfg.watch_at => *px = px.saturating_sub(1),
+                    Msg::Watch { .. } => {}
                 }
             }
         }

@@ -21,7 +21,9 @@
 //!   running lease of a process that is still alive is left.
 //!
 //! **Findings** (the scripts before commit "Permits: fix three findings of the permits
-//! model"; `Cfg::revert` brings each back):
+//! model", and for P2's first fix before commit "Permits: watchers preferably outside the
+//! holders' processes, chosen again whenever permits come free"; `Cfg::revert` brings each
+//! back):
 //! - P1, safety, no fault needed: a waiter whose attempt crossed its own grant message returned
 //!   a guard from the attempt's `{1, pttl, fence}` reply; the grant message then reached a
 //!   process where that waiter had gone, and the dispatcher's give-back (permit_leave.lua, flag
@@ -31,19 +33,33 @@
 //! - P2, liveness: the watchers could be waiters of a holder's process; a freeze of that
 //!   process (its lease runs out, its watcher is silent) and the kill of the other watcher's
 //!   process left the live waiters of the third process sleeping while every permit was free
-//!   (`finding_p2_watchers_fail_with_a_holder`). Fix: `first_hub()`, the process of the holder
-//!   whose lease ends first, is skipped by `watch` and recorded as `'!h'` before `watching`.
+//!   (`finding_p2_watchers_fail_with_a_holder`, `Revert::P2Watchers`). First fix
+//!   (`Revert::P2FirstHub`): `watch` skipped `first_hub()`, the process of the holder whose
+//!   lease ends first, and `watching` replaced a watcher of it; (2b) then failed with one
+//!   freeze (`finding_p2_first_fix_one_freeze`) and in freeze + kill
+//!   (`finding_p2_first_fix_freeze_kill`). Fix now: `watch` skips every holder's process
+//!   (`holding()`) and fills both fields from them when no other is left, `watching` replaces a
+//!   watcher of a holder's process by a newcomer of another, and every call that frees permits
+//!   with waiters queued chooses the watchers again.
 //! - P3 (an observation, not a property): `serve` asked whether a head fits before whether
 //!   anyone listens for it, so a dead head that did not fit held back lighter live waiters
 //!   (`finding_p3_dead_head`). Fix: a dead head is dropped first.
 //!
-//! **What is left** (the scripts as they are): (1), (2), (3) and (4) hold in every pair; (2b)
-//! fails in every pair with a fault, one freeze or one kill being enough: skipping only the
-//! process of the first lease's holder can leave the watchers in another holder's process (and
-//! pass over a waiter of a process that is about to hold nothing), and a call that frees
-//! permits but grants nobody does not look at the watchers again although the first lease's
-//! holder changed (`remaining_p2_one_freeze`, 21 steps; `remaining_p2_freeze_kill`, 17 steps).
-//! With P2's fix reverted (2b) holds in loss + kill (`revert_p2_loss_kill`) and loss + freeze.
+//! **What is left** (the scripts as they are): (1), (2), (3) and (4) hold in every pair, and
+//! (2b) in loss + freeze and loss + kill; (2b) fails in freeze + kill, by one tick at most
+//! (it holds with `Cfg::idle_bound` 1), in two ways:
+//! - the fill (`remaining_freeze_kill`, 20 steps): two of the three processes hold, so one
+//!   watcher comes from a holder's process, and the fill takes the first lease's (its waiter is
+//!   the queue's last); that process is frozen and the other watcher's killed; the third
+//!   process's waiter would fit when the frozen lease ends, and waits until its own process's
+//!   holder releases. Filling from the first lease's process last (`Cfg::fill_first_last`, a
+//!   suggestion) removes it;
+//! - a late watch message (`remaining_late_watch_message`, 24 steps with that suggestion): a
+//!   process frozen for less than `notice` reads `w2 <px>` late and its waiter looks px after
+//!   reading, later than the lease it watches ends. A watch message that names a time
+//!   (`Cfg::watch_at`, a suggestion) removes it; with both suggestions every property holds in
+//!   freeze + kill (`suggestions_freeze_kill`).
+//!
 //! (2b) counts from the next call after a kill (`Cfg::idle_strict` counts from the kill:
 //! `observation_kill_strict`).
 
@@ -53,12 +69,13 @@ use std::time::Instant;
 use waitlock_model::permits::*;
 
 // The unique-state floors of the exhaustive runs (the counts measured less ~1%).
-const FLOOR_NONE: usize = 66_900;
-const FLOOR_LF: usize = 5_748_000;
-const FLOOR_LK: usize = 692_000;
-const FLOOR_FK: usize = 2_466_000;
-const FLOOR_R1: usize = 69_500;
+const FLOOR_NONE: usize = 51_300;
+const FLOOR_LF: usize = 4_983_000;
+const FLOOR_LK: usize = 565_000;
+const FLOOR_FK: usize = 2_156_000;
+const FLOOR_R1: usize = 53_100;
 const FLOOR_R2: usize = 522_000;
+const FLOOR_SFK: usize = 2_054_000;
 
 /// The scripts as they are with these fault families (budget 1 each): loss, freeze, kill.
 fn with(faults: &[&str]) -> Cfg {
@@ -173,8 +190,8 @@ fn holds(m: &Permits, property: &str, s: &St) -> bool {
 
 // ---------------------------------------------------------------- the scripts as they are
 //
-// (1), (2), (3) and (4) hold in every pair; (2b) holds without faults but fails in every pair
-// (one freeze or one kill is enough: `remaining_p2_one_freeze`).
+// (1), (2), (3) and (4) hold in every pair; (2b) holds without faults, in loss + freeze and in
+// loss + kill, and fails in freeze + kill (`remaining_freeze_kill`).
 
 #[test]
 fn fixed_no_faults() {
@@ -187,18 +204,13 @@ fn fixed_loss_freeze() {
         "fixed, loss + freeze",
         with(&["loss", "freeze"]),
         FLOOR_LF,
-        &[P2B],
+        &[],
     );
 }
 
 #[test]
 fn fixed_loss_kill() {
-    exhaustive(
-        "fixed, loss + kill",
-        with(&["loss", "kill"]),
-        FLOOR_LK,
-        &[P2B],
-    );
+    exhaustive("fixed, loss + kill", with(&["loss", "kill"]), FLOOR_LK, &[]);
 }
 
 #[test]
@@ -224,8 +236,9 @@ fn revert_p1_no_faults() {
     );
 }
 
-/// P2 reverted, loss + kill: every property holds (with P2's fix (2b) fails here: the watchers
-/// may be left in another holder's process, `remaining_p2_one_freeze`).
+/// P2 reverted to its very first rule, loss + kill: every property holds (with P2's first fix,
+/// `Revert::P2FirstHub`, (2b) failed here: the watchers could be left in another holder's
+/// process).
 #[test]
 fn revert_p2_loss_kill() {
     exhaustive(
@@ -265,8 +278,8 @@ fn finding_p1_orphan_give_back() {
 /// permits free; w2 (P1) and w1 (P0) queue and become the watchers (P0 is the holder's
 /// process); P2's two waiters queue behind. P1 is killed and P0 freezes: w0's lease ends at
 /// tick 4 and nobody looks; P2's waiters sleep with every permit free until their deadline
-/// (in the code: their deadline, or the 100 s safety interval). As the scripts are, w1 is not
-/// made a watcher (P0 holds the first lease), and (2b) holds on the replay.
+/// (in the code: their deadline, or the 100 s safety interval). As the scripts are (and with
+/// the first fix), w1 is not made a watcher (P0 holds), so these steps do not happen.
 #[test]
 fn finding_p2_watchers_fail_with_a_holder() {
     let actions = shortest(
@@ -275,13 +288,9 @@ fn finding_p2_watchers_fail_with_a_holder() {
         P2B,
     );
     assert_eq!(actions.len(), 16);
-    match replay(with(&["freeze", "kill"]), &actions) {
-        None => println!("P2: as the scripts are, these steps do not happen"),
-        Some((m, states)) => {
-            assert!(states.iter().all(|s| holds(&m, P2B, s)));
-            println!("P2: as the scripts are, these steps happen and (2b) holds");
-        }
-    }
+    not_replayed("P2, replayed", with(&["freeze", "kill"]), &actions);
+    let first = reverted(Revert::P2FirstHub, with(&["freeze", "kill"]));
+    not_replayed("P2, replayed on the first fix", first, &actions);
 }
 
 /// P3: P1 is killed while its w2 (weight 2) heads the queue; w1 releases one permit: its
@@ -324,50 +333,184 @@ fn finding_p3_dead_head() {
     assert!(last.holders.iter().any(|h| h.w == 5), "w5 is granted");
 }
 
-// ---------------------------------------------------------------- what is left
+/// `actions` do not all happen on `cfg` (the watchers differ, so a step is not enabled).
+fn not_replayed(what: &str, cfg: Cfg, actions: &[Act]) {
+    assert!(replay(cfg, actions).is_none(), "{what}: the steps happen");
+    println!("{what}: these steps do not happen");
+}
 
-/// (2b) on the scripts as they are, one freeze (21 steps): w1 (P0, weight 1) and w2 (P1, 2)
-/// take permits free at tick 0 (leases to tick 4, w1's first); w3 (P1), w4 (P2), w0 (P0) and
-/// w5 (P2) queue, w3 and w4 watching. w2's release grants w3: the watchers keep out of P0
-/// (w1's lease ends first), so w0 is passed over and w4 alone watches; w3's release grants
-/// w4, and w5 (P2) becomes the only watcher, in the process of the holder w4. P2 freezes. w1
-/// releases: w0 (2) does not fit yet, nobody is granted, and the watchers are not looked at
-/// again, although P0 now holds nothing and P2 holds the first lease. w4's lease ends at tick
-/// 4; w5 is frozen; w0 (P0, running) waits with every permit free. With P2's fix reverted, w0
-/// is made a watcher at w2's release (and (2b) holds in loss + kill and in loss + freeze).
+/// The watchers after the first `n` steps of `actions` replayed on `cfg`.
+fn watchers_after(cfg: Cfg, actions: &[Act], n: usize) -> Vec<W> {
+    let (_, states) = replay(cfg, &actions[..n]).expect("replays");
+    let last = states.last().unwrap();
+    last.watchers.iter().flatten().map(|&(_, m)| m).collect()
+}
+
+/// P2's first fix (`Revert::P2FirstHub`), one freeze (21 steps): w1 (P0, weight 1) and w2 (P1,
+/// 2) take permits free at tick 0 (leases to tick 4, w1's first); w3 (P1), w4 (P2), w0 (P0)
+/// and w5 (P2) queue, w3 and w4 watching. w2's release grants w3: the watchers kept out of P0
+/// (w1's lease ends first), so w0 was passed over and w4 alone watched; w3's release granted
+/// w4, and w5 (P2) became the only watcher, in the process of the holder w4. P2 freezes. w1
+/// releases: w0 (2) does not fit yet, nobody is granted, and the watchers were not looked at
+/// again, although P0 then held nothing and P2 held the first lease. w4's lease ends at tick
+/// 4; w5 is frozen; w0 (P0, running) waits with every permit free. As the scripts are, w0 is
+/// made a watcher at w2's release (as with the very first rule): these steps do not happen.
 #[test]
-fn remaining_p2_one_freeze() {
-    let actions = shortest("remaining (2b), freeze", with(&["freeze"]), P2B);
+fn finding_p2_first_fix_one_freeze() {
+    let actions = shortest(
+        "P2's first fix, freeze",
+        reverted(Revert::P2FirstHub, with(&["freeze"])),
+        P2B,
+    );
     assert_eq!(actions.len(), 21);
-    // after w2's release (step 11): as the scripts are, w4 (P2) alone watches (w0 is in P0,
-    // the first lease's process); with P2's fix reverted, w0 watches too
-    let watchers = |cfg: Cfg| -> Vec<W> {
-        let (_, states) = replay(cfg, &actions[..11]).expect("replays");
-        let last = states.last().unwrap();
-        last.watchers.iter().flatten().map(|&(_, m)| m).collect()
-    };
-    assert_eq!(watchers(with(&["freeze"])), vec![4]);
-    assert_eq!(
-        watchers(reverted(Revert::P2Watchers, with(&["freeze"]))),
-        vec![4, 0]
+    // after w2's release (step 11): w4 (P2) alone watched (w0 is in P0, the first lease's
+    // process); with the very first rule and as the scripts are, w0 watches too
+    let first = reverted(Revert::P2FirstHub, with(&["freeze"]));
+    assert_eq!(watchers_after(first, &actions, 11), vec![4]);
+    let original = reverted(Revert::P2Watchers, with(&["freeze"]));
+    assert_eq!(watchers_after(original, &actions, 11), vec![4, 0]);
+    assert_eq!(watchers_after(with(&["freeze"]), &actions, 11), vec![4, 0]);
+    not_replayed(
+        "P2's first fix, freeze, replayed",
+        with(&["freeze"]),
+        &actions,
     );
 }
 
-/// (2b) on the scripts as they are, freeze + kill (17 steps): w1 (P0, 1), w3 (P1, 1) and
+/// P2's first fix (`Revert::P2FirstHub`), freeze + kill (17 steps): w1 (P0, 1), w3 (P1, 1) and
 /// w5 (P2, 1) take permits free at tick 0, in this order (w1's lease ends first); w2 (P1, 2)
-/// and w4 (P2, 2) queue and take the two free watcher fields (`watching` replaces a watcher of
+/// and w4 (P2, 2) queue and take the two free watcher fields (`watching` replaced a watcher of
 /// P0 only); w0 (P0, 2) queues behind, not a watcher. w1 releases: w2 (2) does not fit, nobody
-/// is granted, the watchers stay in P1 and P2, both holders' processes now. P1 freezes and
+/// is granted, the watchers stayed in P1 and P2, both holders' processes then. P1 freezes and
 /// P2 is killed: w3's and w5's leases end at tick 4 and nobody looks; w0 (P0, running) waits
-/// with every permit free.
+/// with every permit free. As the scripts are, w1's release chooses the watchers again (P0,
+/// holding nothing now, first: w0).
 #[test]
-fn remaining_p2_freeze_kill() {
+fn finding_p2_first_fix_freeze_kill() {
+    let actions = shortest(
+        "P2's first fix, freeze + kill",
+        reverted(Revert::P2FirstHub, with(&["freeze", "kill"])),
+        P2B,
+    );
+    assert_eq!(actions.len(), 17);
+    not_replayed(
+        "P2's first fix, freeze + kill, replayed",
+        with(&["freeze", "kill"]),
+        &actions,
+    );
+}
+
+// ---------------------------------------------------------------- what is left
+
+/// (2b) on the scripts as they are, freeze + kill (20 steps): w0 (P0, 2) and w5 (P2, 1) take
+/// the 3 permits free at tick 0 (leases to tick 4); w2 (P1, 2), w1 (P0, 1), w3 (P1, 1) and
+/// w4 (P2, 2) queue in this order, w2 and w1 watching. P2 freezes. At tick 2 w0's release
+/// grants w2 (lease to tick 6); the holders are w5 (P2, first lease) and w2 (P1): w1 (P0, the
+/// only process holding nothing) is kept, and the fill takes the other watcher from the
+/// holders' processes: w4 (P2, frozen; the queue's last, looked at first) rather than w3 (P1,
+/// running). P0 is killed. w5's lease ends at tick 4 unreleased: 1 permit is free, w1 (dead)
+/// would be dropped and w3 (1) granted, but w1 is dead and w4 frozen: nobody looks, and w3
+/// waits until w2 (P1, running) releases, at tick 5 at the latest (one tick: (2b) holds with
+/// `idle_bound` 1). Filling from the first lease's process last (`Cfg::fill_first_last`)
+/// takes w3 instead: these steps do not happen.
+#[test]
+fn remaining_freeze_kill() {
     let actions = shortest(
         "remaining (2b), freeze + kill",
         with(&["freeze", "kill"]),
         P2B,
     );
-    assert_eq!(actions.len(), 17);
+    assert_eq!(actions.len(), 20);
+    let fill = Cfg {
+        fill_first_last: true,
+        ..with(&["freeze", "kill"])
+    };
+    // after w0's release (step 14)
+    assert_eq!(
+        watchers_after(with(&["freeze", "kill"]), &actions, 14),
+        vec![1, 4]
+    );
+    assert_eq!(watchers_after(fill.clone(), &actions, 14), vec![1, 3]);
+    not_replayed("remaining, freeze + kill, fill_first_last", fill, &actions);
+}
+
+/// (2b) on the scripts as they are (and with `Cfg::fill_first_last`, where it is the shortest
+/// counterexample), freeze + kill, 24 steps: w0 (P0, 2) and w1 (P0, 1) take the 3 permits
+/// free at tick 0; w2, w3 (P1), w5 and w4 (P2) queue in this order, w2 and w5 watching. w0's
+/// release grants w2 (P1, 2); the watchers are w5 (P2) and w3 (P1). P1 is killed, P2 freezes.
+/// w1's release grants w5 (P2, 1); the holders are w2 (P1, dead, lease to tick 4) and w5; the
+/// only waiter left, w4 (P2), is told "look in 4" (at tick 4). P2 resumes at tick 2 (a freeze
+/// of 2 ticks, not noticed: `notice` 3): w5 confirms its grant (extend: the watchers are kept,
+/// w4's look is still due at tick 4), and w4 reads its watch message late and looks 4 ticks
+/// after reading, at tick 6. w2's lease ends at tick 4: 2 permits are free, w4 (2) would be
+/// granted, and nobody looks (one tick: w4's deadline is tick 6). A watch message naming a
+/// time (`Cfg::watch_at`) makes w4 look at tick 4.
+#[test]
+fn remaining_late_watch_message() {
+    use Act::*;
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Start(5),
+        Attempt(5),
+        Attempt(4),
+        Release(0),
+        Kill(1),
+        Freeze(2),
+        Release(1),
+        Tick,
+        Tick,
+        Resume(2),
+        Deliver(2),
+        Wake(5),
+        Deliver(2),
+        Wake(4),
+        Tick,
+        Tick,
+        Tick,
+    ];
+    // the steps happen and (2b) fails on one of their states
+    let fails = |cfg: Cfg| -> bool {
+        replay(cfg, &t).is_some_and(|(m, states)| !states.iter().all(|s| holds(&m, P2B, s)))
+    };
+    let (m, states) = replay(with(&["freeze", "kill"]), &t).expect("replays");
+    println!(
+        "late watch message:\n{}",
+        m.narrate(
+            &states
+                .iter()
+                .cloned()
+                .zip(t.iter().map(|a| Some(*a)).chain([None]))
+                .collect::<Vec<_>>()
+        )
+    );
+    let fill = Cfg {
+        fill_first_last: true,
+        ..with(&["freeze", "kill"])
+    };
+    assert!(fails(with(&["freeze", "kill"])));
+    assert!(fails(fill.clone()));
+    assert!(!fails(Cfg {
+        watch_at: true,
+        ..fill
+    }));
+}
+
+/// The two suggestions together (`Cfg::fill_first_last`, `Cfg::watch_at`), freeze + kill:
+/// every property holds.
+#[test]
+fn suggestions_freeze_kill() {
+    let cfg = Cfg {
+        fill_first_last: true,
+        watch_at: true,
+        ..with(&["freeze", "kill"])
+    };
+    exhaustive("suggestions, freeze + kill", cfg, FLOOR_SFK, &[]);
 }
 
 /// (2b) counted strictly (`Cfg::idle_strict`: a dead head is dropped by the scan at once, as
@@ -400,10 +543,10 @@ fn switch_barging() {
 }
 
 /// A double free (give_back frees a token's weight although it holds nothing), with one
-/// freeze: P0 freezes holding 3 permits (w0 2, w1 1) past their leases; at tick 4 the holders
-/// key expires with them and w2 (P1, 2), a watcher, takes 2 permits; P0 resumes and w0's late
-/// release frees its 2 permits again, granting w4 (P2, 2) and w3: w2 and w4 hold valid guards
-/// weighing 4 of 3 permits: (1) fails in 23 steps.
+/// freeze: P0 freezes holding 2 permits (w0) past its lease; at tick 4 the holders key expires
+/// with it and w2 (P1, 2), a watcher, takes 2 permits; P0 resumes and w0's late release frees
+/// its 2 permits again, granting w4 (P2, 2) and w1 (P0, 1): w2 and w4 hold valid guards
+/// weighing 4 of 3 permits: (1) fails in 24 steps.
 #[test]
 fn switch_double_free() {
     let cfg = Cfg {
@@ -411,5 +554,5 @@ fn switch_double_free() {
         ..with(&["freeze"])
     };
     let actions = shortest("DoubleFree", cfg, P1);
-    assert_eq!(actions.len(), 23);
+    assert_eq!(actions.len(), 24);
 }
