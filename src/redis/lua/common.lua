@@ -187,8 +187,9 @@ local function slow()
   -- watcher that would look later than the lease ends is told again; with `later` (a refresh)
   -- also one that would look earlier, so that watchers of a lock held long make no calls.
   -- Permits pass `skip` as a set of hubs (the holders' processes) and `fill`: both fields are
-  -- filled, from the skipped processes when no other is left.
-  local function watch(skip, px, later, fill)
+  -- filled, from the skipped processes when no other is left, `last` (the process whose lease
+  -- ends first) last.
+  local function watch(skip, px, later, fill, last)
     local skips = skip
     if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
@@ -204,11 +205,11 @@ local function slow()
     local tail = redis.call('ZRANGE', q, -16, -1)
     for j = #tail, 1, -1 do cands[#cands + 1] = {m = tail[j]} end
     local chosen, hubs = {}, {}
-    local function pick(fresh_only, allow_skip)
+    local function pick(fresh_only, allow_skip, except)
       for _, c in ipairs(cands) do
         if #chosen == 2 then return end
         local whub, _, wtoken = split_member(c.m)
-        if whub and not hubs[whub] and (allow_skip or not skips[whub]) then
+        if whub and not hubs[whub] and (allow_skip or not skips[whub]) and whub ~= except then
           local p = process(whub)
           if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
             hubs[whub] = true
@@ -221,7 +222,10 @@ local function slow()
     pick(true, false)
     pick(false, false)
     -- Only the new holder's own process is left: better one of its waiters than none.
-    if #chosen == 0 or fill then pick(false, true) end
+    if #chosen == 0 or fill then
+      if fill and last then pick(false, true, last) end
+      pick(false, true)
+    end
     redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
     for i, c in ipairs(chosen) do
       if not c.at or until_ms < c.at or (later and until_ms > c.at) then

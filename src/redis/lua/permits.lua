@@ -21,8 +21,9 @@
 --   unclaimed grant, as the lock's 'h' state). Expires with the holders.
 -- Watchers: as a lock's (two, of two processes), chosen first among processes that hold no
 --   permits (the holders' processes are read from their tokens, `w<weight>:<hub>/<uuid>` for a
---   queued locker's; the first 16 leases to end), then among holders' ones: a fault of a
---   holder's process must not silence the waiters that would take its permits.
+--   queued locker's; the first 16 leases to end), then among holders' ones, the process of
+--   the lease that ends first last: a fault of a holder's process must not silence the
+--   waiters that would take its permits.
 -- Granting: FIFO without barging. The oldest waiter is granted when its weight fits in what is
 -- free; one that does not fit stops the scan (later, lighter waiters wait behind it), so a
 -- release may grant to several waiters at once. Every grant is a full lease (the waiter's TTL):
@@ -81,19 +82,24 @@ local function claim(token)
   return tonumber(f) or 0
 end
 
--- The processes of the holders whose leases end first (16 at most): a set.
+-- The processes of the holders whose leases end first (16 at most): a set, and the process of
+-- the first (nil if its token names none).
 local function holding()
-  local set = {}
-  for _, token in ipairs(redis.call('ZRANGE', HOLDERS, 0, 15)) do
+  local set, first = {}, nil
+  for i, token in ipairs(redis.call('ZRANGE', HOLDERS, 0, 15)) do
     local hub = string.match(token, '^w%d+:(%x+)/')
     if hub then set[hub] = true end
+    if i == 1 then first = hub end
   end
-  return set
+  return set, first
 end
 
--- Tells the watchers when to look (see `watch` in common.lua).
+-- Tells the watchers when to look (see `watch` in common.lua): filled from the holders'
+-- processes when no other waits, the first lease's last (if it runs, it releases before the
+-- other leases end, and that call chooses the watchers again).
 local function rewatch(L, px, later)
-  L.watch(holding(), px, later, true)
+  local set, first = holding()
+  L.watch(set, px, later, true, first)
 end
 
 -- Ms until the first lease ends (when a permit may come back without a release); 0 if none.
