@@ -678,6 +678,18 @@ async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
         .subscribe("{waitlock:p1}:s:w:abc123")
         .await
         .expect("subscribe");
+    let start = Instant::now();
+    loop {
+        let n: Vec<Value> = cmd(&admin, "PUBSUB NUMSUB {waitlock:p1}:s:w:abc123", vec![]).await;
+        if n.get(1).and_then(Value::as_i64) == Some(1) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let eval = |script: &'static str, token: &str, member: &str, flag: &str, fence: &str| {
         let mut args: Vec<Value> = vec![script.into(), 5.into()];
         for k in ["", ":fence", ":q", ":p", ":f"] {
