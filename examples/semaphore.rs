@@ -38,7 +38,10 @@ async fn main() -> waitlock::Result<()> {
     let config = locker.rw_lock();
     let r1 = config.read_wait("example-config", &opts).await?;
     let r2 = config.read_wait("example-config", &opts).await?;
-    println!("two readers at once: {:?}", config.status("example-config").await?);
+    println!(
+        "two readers at once: {:?}",
+        config.status("example-config").await?
+    );
     r1.release().await?;
     r2.release().await?;
     let w = config.write_wait("example-config", &opts).await?;
