@@ -6,9 +6,10 @@
 //!
 //! `PERMITS` is a comma-separated list: fault families (budget 1 each) `loss`, `freeze`,
 //! `kill`; bug switches `barging`, `double`; one fix taken back `-p1`, `-p2` (P2's very first
-//! rule), `-p2first` (P2's first fix, `first_hub`), `-p3` (`Cfg::revert`); the suggestions
-//! `fill` (`Cfg::fill_first_last`) and `at` (`Cfg::watch_at`); `bound=`, `h=`, `d=`, `ttl=`, `notice=` (idle bound, horizon, deadline, TTL,
-//! freeze notice, in ticks). `BFS=1` stops at the first violation and prints the shortest
+//! rule), `-p2first` (P2's first fix, `first_hub`), `-p3` (`Cfg::revert`), `-fill` (the fill
+//! as it was: `Cfg::fill_first_last` false); the suggestion `at` (`Cfg::watch_at`); `bound=`,
+//! `h=`, `d=`, `ttl=`, `notice=` (idle bound, horizon, deadline, TTL, freeze notice, in
+//! ticks). `BFS=1` stops at the first violation and prints the shortest
 //! counterexample of each property violated by then (1 thread, no symmetry); otherwise DFS +
 //! symmetry on 2 threads explores everything and prints a counterexample (not the shortest) per
 //! violated property.
@@ -33,7 +34,7 @@ fn main() {
             "-p2" => cfg.revert = Some(Revert::P2Watchers),
             "-p2first" => cfg.revert = Some(Revert::P2FirstHub),
             "-p3" => cfg.revert = Some(Revert::P3DeadFirst),
-            "fill" => cfg.fill_first_last = true,
+            "-fill" => cfg.fill_first_last = false,
             "at" => cfg.watch_at = true,
             x if x.starts_with("bound=") => cfg.idle_bound = num(&x[6..]),
             x if x.starts_with("h=") => cfg.horizon = num(&x[2..]),

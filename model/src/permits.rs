@@ -8,9 +8,10 @@
 //! `release`, `extend`, `leave`), each one atomic step, with one function per stateful
 //! function of `permits.lua` (same names: `state`, `drop_holder`, `purge`, `claim`,
 //! `holding`, `rewatch`, `first_end`, `next_fence`, `hold`, `settle`, `serve`, `after_serve`,
-//! `serve_freed`, `give_back`; `first_hub` as it was, for `Revert::P2FirstHub`) and of
-//! `common.lua` that they use (`listener`, `process`, `publish`, `seen`, `watch(skip, px,
-//! later, fill)` with `skip` a set of processes, `watching(pttl, holding)`). Redis
+//! `serve_freed`, `give_back`; `first_hub`: `holding()`'s second value, and as it was for
+//! `Revert::P2FirstHub`) and of `common.lua` that they use (`listener`, `process`, `publish`,
+//! `seen`, `watch(skip, px, later, fill, last)` with `skip` a set of processes,
+//! `watching(pttl, holding)`). Redis
 //! state: the holders (token → lease end, and the holder fences hash: fence and whether the
 //! hold is an unclaimed grant, `"<fence> g"`), the state key's fence and `used`, the FIFO
 //! queue, the processes hash (seen ticks and the two watcher fields `'!w1'`, `'!w2'`), and the
@@ -56,19 +57,22 @@
 //!
 //! **Findings** (`tests/permits.rs`, README "Permits"), each fixed in the scripts (commit
 //! "Permits: fix three findings of the permits model"; P2 again in commit "Permits: watchers
-//! preferably outside the holders' processes, chosen again whenever permits come free") and
-//! kept as `Cfg::revert`: P1 (1) failed without any fault: a waiter whose attempt crossed its
+//! preferably outside the holders' processes, chosen again whenever permits come free", and
+//! its fill in commit "Permits: when the watchers must come from holders' processes, the first
+//! lease's process last") and kept as `Cfg::revert` (the fill as `Cfg::fill_first_last`
+//! false): P1 (1) failed without any fault: a waiter whose attempt crossed its
 //! own grant message returned a guard from the `{1, pttl, fence}` reply, and the dispatcher
 //! then gave that grant back (leave `o`, its fence matched) while the guard was in use
 //! (`Revert::P1Claim`). P2 (2b) failed in freeze + kill: the watchers could be waiters of a
 //! holder's process (`Revert::P2Watchers`); the first fix, skipping only the first lease's
 //! process (`Revert::P2FirstHub`), failed with one freeze. P3: a dead head that did not fit held
-//! back lighter live waiters (`Revert::P3DeadFirst`). Left on the scripts as they are: (2b)
-//! fails in freeze + kill only (a tick at most here): two of three processes hold, the fill
-//! takes the watcher of the holders' processes from the first lease's one, and the two
-//! watchers' processes are frozen and killed; and a watch message read late by a process frozen
-//! briefly (less than `notice`) makes its waiter look late. Two suggestions, not in the
-//! scripts, remove both (`Cfg::fill_first_last`, `Cfg::watch_at`).
+//! back lighter live waiters (`Revert::P3DeadFirst`). The fill: with two of three processes
+//! holding, the fill could take the watcher of the holders' processes from the first lease's
+//! one, and the two watchers' processes frozen and killed left a waiter idle for a tick (now
+//! that process is taken last). Left on the scripts as they are: (2b) fails in freeze + kill
+//! only, by a tick at most here: a watch message read late by a process frozen briefly (less
+//! than `notice`) makes its waiter look late. A suggestion, not in the scripts, removes it
+//! (`Cfg::watch_at`).
 //!
 //! **Switches** (`Cfg::bug`): `Bug::Barging` (serve skips a head that does not fit and grants
 //! the lighter ones behind it) and `Bug::DoubleFree` (give_back subtracts the token's weight
@@ -172,9 +176,12 @@ pub struct Cfg {
     pub revert: Option<Revert>,
     /// Steps offered only between cascades of urgent steps: CALM_* bits.
     pub calm: u8,
-    /// A suggestion, not in the scripts: `watch` with `fill` takes the skipped (holders')
-    /// processes other than the first lease's before that one (`first_hub()` last: a running
-    /// process whose lease ends first releases, a call, before the others' end).
+    /// `watch` with `fill` takes the skipped (holders') processes other than the first
+    /// lease's before that one (`last`, `holding()`'s `first_hub()`: a running process whose
+    /// lease ends first releases, a call, before the others' end): the scripts since commit
+    /// "Permits: when the watchers must come from holders' processes, the first lease's process
+    /// last" (true, the default); false: the rule before, candidate order only. With
+    /// `Revert::P2Watchers` or `Revert::P2FirstHub` there is no `fill` (nor `last`): no effect.
     pub fill_first_last: bool,
     /// A suggestion, not in the scripts or the client: a watch message says when to look
     /// (Redis time, converted as a grant's time is), not a delay counted from its reading (a
@@ -207,7 +214,7 @@ impl Default for Cfg {
             bug: Bug::None,
             revert: None,
             calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_KILL | CALM_RECOVER,
-            fill_first_last: false,
+            fill_first_last: true,
             watch_at: false,
         }
     }
@@ -527,10 +534,11 @@ impl Permits {
         s.watchers = [None, None];
     }
 
-    // mirrors common.lua -> slow -> watch(skip, px, later, fill): keep two watchers of two
-    // processes, fresh ones not skipped first, then stale ones not skipped, then (when none
-    // was chosen, or with `fill`) from the skipped processes. `skip`: a set of processes (a
-    // bit each; the lock's single `skip` and `''` are one bit and none)
+    // mirrors common.lua -> slow -> watch(skip, px, later, fill, last): keep two watchers of
+    // two processes, fresh ones not skipped first, then stale ones not skipped, then (when
+    // none was chosen, or with `fill`) from the skipped processes, with `fill` the first
+    // lease's (`last`: `first_hub()`, read here) last (`Cfg::fill_first_last`). `skip`: a set
+    // of processes (a bit each; the lock's single `skip` and `''` are one bit and none)
     fn watch(&self, s: &mut St, skip: u8, px: u8, later: bool, fill: bool) {
         let until = s.now + px;
         let stat: [Status; NP] = std::array::from_fn(|p| self.process(s, p));
@@ -566,7 +574,7 @@ impl Permits {
         pick(false, !skip, &mut chosen);
         if chosen.is_empty() || fill {
             if fill && self.cfg.fill_first_last {
-                // the suggestion: the first lease's process last
+                // `pick(false, true, last)`: every process but the first lease's
                 let first = self.first_hub(s).map_or(0, |p| 1 << p);
                 pick(false, !first, &mut chosen);
             }
@@ -655,12 +663,14 @@ impl Permits {
     }
 
     // mirrors permits.lua -> holding(): the processes of the holders whose leases end first
-    // (ZRANGE HOLDERS 0 15: here every holder), a bit each
+    // (ZRANGE HOLDERS 0 15: here every holder), a bit each; its second value, the first's
+    // process, is `first_hub()`, read by `watch`
     fn holding(&self, s: &St) -> u8 {
         s.holders.iter().fold(0, |set, h| set | 1 << pw(h.w))
     }
 
-    // mirrors permits.lua -> rewatch(L, px, later): `L.watch(holding(), px, later, true)`.
+    // mirrors permits.lua -> rewatch(L, px, later): `L.watch(set, px, later, true, first)`
+    // with `set, first = holding()` (`first` read by `watch`, `Cfg::fill_first_last`).
     // With P2 reverted, the call it replaced: `watch(first_hub(), px, later)`
     // (`Revert::P2FirstHub`), or `watch('', px)`, extend's `watch(HUB, px, true)` (`caller`,
     // `Revert::P2Watchers`)
@@ -690,9 +700,10 @@ impl Permits {
         )
     }
 
-    // mirrors permits.lua -> first_hub() as it was (`Revert::P2FirstHub`; also the suggestion
-    // `Cfg::fill_first_last`): the process of the holder whose lease ends first (ZRANGE HOLDERS 0 0: the lowest end; of leases ending in
-    // the same tick, the one set first, `holders` being in that order)
+    // mirrors holding()'s second value (tokens[1] of ZRANGE HOLDERS 0 15, `last` of `watch`,
+    // `Cfg::fill_first_last`) and permits.lua -> first_hub() as it was (`Revert::P2FirstHub`):
+    // the process of the holder whose lease ends first (the lowest end; of leases ending in the
+    // same tick, the one set first, `holders` being in that order)
     fn first_hub(&self, s: &St) -> Option<usize> {
         s.holders.iter().min_by_key(|h| h.end).map(|h| pw(h.w))
     }

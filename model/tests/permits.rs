@@ -21,9 +21,10 @@
 //!   running lease of a process that is still alive is left.
 //!
 //! **Findings** (the scripts before commit "Permits: fix three findings of the permits
-//! model", and for P2's first fix before commit "Permits: watchers preferably outside the
-//! holders' processes, chosen again whenever permits come free"; `Cfg::revert` brings each
-//! back):
+//! model", for P2's first fix before commit "Permits: watchers preferably outside the
+//! holders' processes, chosen again whenever permits come free", and for the fill before
+//! commit "Permits: when the watchers must come from holders' processes, the first lease's
+//! process last"; `Cfg::revert` brings each back, `Cfg::fill_first_last` false the fill's):
 //! - P1, safety, no fault needed: a waiter whose attempt crossed its own grant message returned
 //!   a guard from the attempt's `{1, pttl, fence}` reply; the grant message then reached a
 //!   process where that waiter had gone, and the dispatcher's give-back (permit_leave.lua, flag
@@ -41,24 +42,23 @@
 //!   (`holding()`) and fills both fields from them when no other is left, `watching` replaces a
 //!   watcher of a holder's process by a newcomer of another, and every call that frees permits
 //!   with waiters queued chooses the watchers again.
+//! - The fill (of that fix), freeze + kill: two of the three processes hold, so one watcher
+//!   comes from a holder's process, and the fill took the first lease's (its waiter the
+//!   queue's last); that process frozen and the other watcher's killed, the third process's
+//!   waiter, fitting when the frozen lease ends, waited a tick for its own process's holder to
+//!   release (`finding_fill_any_freeze_kill`, `Cfg::fill_first_last` false). Fix: the fill takes
+//!   the first lease's process last.
 //! - P3 (an observation, not a property): `serve` asked whether a head fits before whether
 //!   anyone listens for it, so a dead head that did not fit held back lighter live waiters
 //!   (`finding_p3_dead_head`). Fix: a dead head is dropped first.
 //!
 //! **What is left** (the scripts as they are): (1), (2), (3) and (4) hold in every pair, and
-//! (2b) in loss + freeze and loss + kill; (2b) fails in freeze + kill, by one tick at most
-//! (it holds with `Cfg::idle_bound` 1), in two ways:
-//! - the fill (`remaining_freeze_kill`, 20 steps): two of the three processes hold, so one
-//!   watcher comes from a holder's process, and the fill takes the first lease's (its waiter is
-//!   the queue's last); that process is frozen and the other watcher's killed; the third
-//!   process's waiter would fit when the frozen lease ends, and waits until its own process's
-//!   holder releases. Filling from the first lease's process last (`Cfg::fill_first_last`, a
-//!   suggestion) removes it;
-//! - a late watch message (`remaining_late_watch_message`, 24 steps with that suggestion): a
-//!   process frozen for less than `notice` reads `w2 <px>` late and its waiter looks px after
-//!   reading, later than the lease it watches ends. A watch message that names a time
-//!   (`Cfg::watch_at`, a suggestion) removes it; with both suggestions every property holds in
-//!   freeze + kill (`suggestions_freeze_kill`).
+//! (2b) in loss + freeze and loss + kill; (2b) fails in freeze + kill, by one tick at most,
+//! by a late watch message (`remaining_freeze_kill`, the shortest, 24 steps;
+//! `remaining_late_watch_message`): a process frozen for less than `notice` reads `w2 <px>`
+//! late and its waiter looks px after reading, later than the lease it watches ends. A watch
+//! message that names a time (`Cfg::watch_at`, a suggestion) removes it: with it every
+//! property holds in freeze + kill (`watch_at_freeze_kill`).
 //!
 //! (2b) counts from the next call after a kill (`Cfg::idle_strict` counts from the kill:
 //! `observation_kill_strict`).
@@ -69,13 +69,13 @@ use std::time::Instant;
 use waitlock_model::permits::*;
 
 // The unique-state floors of the exhaustive runs (the counts measured less ~1%).
-const FLOOR_NONE: usize = 51_300;
-const FLOOR_LF: usize = 4_983_000;
-const FLOOR_LK: usize = 565_000;
-const FLOOR_FK: usize = 2_156_000;
-const FLOOR_R1: usize = 53_100;
+const FLOOR_NONE: usize = 53_600;
+const FLOOR_LF: usize = 5_396_000;
+const FLOOR_LK: usize = 590_000;
+const FLOOR_FK: usize = 2_249_000;
+const FLOOR_R1: usize = 55_300;
 const FLOOR_R2: usize = 522_000;
-const FLOOR_SFK: usize = 2_054_000;
+const FLOOR_AFK: usize = 2_054_000;
 
 /// The scripts as they are with these fault families (budget 1 each): loss, freeze, kill.
 fn with(faults: &[&str]) -> Cfg {
@@ -95,6 +95,14 @@ fn with(faults: &[&str]) -> Cfg {
 fn reverted(r: Revert, cfg: Cfg) -> Cfg {
     Cfg {
         revert: Some(r),
+        ..cfg
+    }
+}
+
+/// `cfg` with the fill as it was before the first lease's process was taken last.
+fn fill_any(cfg: Cfg) -> Cfg {
+    Cfg {
+        fill_first_last: false,
         ..cfg
     }
 }
@@ -191,7 +199,7 @@ fn holds(m: &Permits, property: &str, s: &St) -> bool {
 // ---------------------------------------------------------------- the scripts as they are
 //
 // (1), (2), (3) and (4) hold in every pair; (2b) holds without faults, in loss + freeze and in
-// loss + kill, and fails in freeze + kill (`remaining_freeze_kill`).
+// loss + kill, and fails in freeze + kill (`remaining_freeze_kill`: a late watch message).
 
 #[test]
 fn fixed_no_faults() {
@@ -400,55 +408,42 @@ fn finding_p2_first_fix_freeze_kill() {
     );
 }
 
-// ---------------------------------------------------------------- what is left
-
-/// (2b) on the scripts as they are, freeze + kill (20 steps): w0 (P0, 2) and w5 (P2, 1) take
-/// the 3 permits free at tick 0 (leases to tick 4); w2 (P1, 2), w1 (P0, 1), w3 (P1, 1) and
-/// w4 (P2, 2) queue in this order, w2 and w1 watching. P2 freezes. At tick 2 w0's release
-/// grants w2 (lease to tick 6); the holders are w5 (P2, first lease) and w2 (P1): w1 (P0, the
-/// only process holding nothing) is kept, and the fill takes the other watcher from the
-/// holders' processes: w4 (P2, frozen; the queue's last, looked at first) rather than w3 (P1,
-/// running). P0 is killed. w5's lease ends at tick 4 unreleased: 1 permit is free, w1 (dead)
-/// would be dropped and w3 (1) granted, but w1 is dead and w4 frozen: nobody looks, and w3
-/// waits until w2 (P1, running) releases, at tick 5 at the latest (one tick: (2b) holds with
-/// `idle_bound` 1). Filling from the first lease's process last (`Cfg::fill_first_last`)
-/// takes w3 instead: these steps do not happen.
+/// The fill as it was (`Cfg::fill_first_last` false), freeze + kill (20 steps): w0 (P0, 2)
+/// and w5 (P2, 1) take the 3 permits free at tick 0 (leases to tick 4); w2 (P1, 2), w1 (P0,
+/// 1), w3 (P1, 1) and w4 (P2, 2) queue in this order, w2 and w1 watching. P2 freezes. At tick
+/// 2 w0's release grants w2 (lease to tick 6); the holders are w5 (P2, first lease) and w2
+/// (P1): w1 (P0, the only process holding nothing) is kept, and the fill takes the other
+/// watcher from the holders' processes: w4 (P2, frozen; the queue's last, looked at first)
+/// rather than w3 (P1, running). P0 is killed. w5's lease ends at tick 4 unreleased: 1 permit
+/// is free, w1 (dead) would be dropped and w3 (1) granted, but w1 is dead and w4 frozen:
+/// nobody looks, and w3 waits until w2 (P1, running) releases, at tick 5 at the latest (one
+/// tick: (2b) holds with `idle_bound` 1). As the scripts are (the first lease's process, P2,
+/// last), the fill takes w3: these steps do not happen.
 #[test]
-fn remaining_freeze_kill() {
-    let actions = shortest(
-        "remaining (2b), freeze + kill",
-        with(&["freeze", "kill"]),
-        P2B,
-    );
+fn finding_fill_any_freeze_kill() {
+    let any = fill_any(with(&["freeze", "kill"]));
+    let actions = shortest("fill as it was, freeze + kill", any.clone(), P2B);
     assert_eq!(actions.len(), 20);
-    let fill = Cfg {
-        fill_first_last: true,
-        ..with(&["freeze", "kill"])
-    };
     // after w0's release (step 14)
+    assert_eq!(watchers_after(any, &actions, 14), vec![1, 4]);
     assert_eq!(
         watchers_after(with(&["freeze", "kill"]), &actions, 14),
-        vec![1, 4]
+        vec![1, 3]
     );
-    assert_eq!(watchers_after(fill.clone(), &actions, 14), vec![1, 3]);
-    not_replayed("remaining, freeze + kill, fill_first_last", fill, &actions);
+    not_replayed(
+        "fill as it was, freeze + kill, replayed",
+        with(&["freeze", "kill"]),
+        &actions,
+    );
 }
 
-/// (2b) on the scripts as they are (and with `Cfg::fill_first_last`, where it is the shortest
-/// counterexample), freeze + kill, 24 steps: w0 (P0, 2) and w1 (P0, 1) take the 3 permits
-/// free at tick 0; w2, w3 (P1), w5 and w4 (P2) queue in this order, w2 and w5 watching. w0's
-/// release grants w2 (P1, 2); the watchers are w5 (P2) and w3 (P1). P1 is killed, P2 freezes.
-/// w1's release grants w5 (P2, 1); the holders are w2 (P1, dead, lease to tick 4) and w5; the
-/// only waiter left, w4 (P2), is told "look in 4" (at tick 4). P2 resumes at tick 2 (a freeze
-/// of 2 ticks, not noticed: `notice` 3): w5 confirms its grant (extend: the watchers are kept,
-/// w4's look is still due at tick 4), and w4 reads its watch message late and looks 4 ticks
-/// after reading, at tick 6. w2's lease ends at tick 4: 2 permits are free, w4 (2) would be
-/// granted, and nobody looks (one tick: w4's deadline is tick 6). A watch message naming a
-/// time (`Cfg::watch_at`) makes w4 look at tick 4.
-#[test]
-fn remaining_late_watch_message() {
+// ---------------------------------------------------------------- what is left
+
+/// The late watch message (`remaining_late_watch_message`): the shortest counterexample to
+/// (2b) on the scripts as they are, freeze + kill.
+fn late_watch_message() -> [Act; 24] {
     use Act::*;
-    let t = [
+    [
         Start(0),
         Start(1),
         Start(2),
@@ -473,7 +468,41 @@ fn remaining_late_watch_message() {
         Tick,
         Tick,
         Tick,
-    ];
+    ]
+}
+
+/// (2b) on the scripts as they are, freeze + kill: the shortest counterexample is 24 steps, a
+/// late watch message, the very steps of `remaining_late_watch_message`; with `Cfg::watch_at`
+/// they do not all happen (w4 looks at tick 4).
+#[test]
+fn remaining_freeze_kill() {
+    let actions = shortest(
+        "remaining (2b), freeze + kill",
+        with(&["freeze", "kill"]),
+        P2B,
+    );
+    assert_eq!(actions.len(), 24);
+    assert_eq!(actions, late_watch_message());
+    let at = Cfg {
+        watch_at: true,
+        ..with(&["freeze", "kill"])
+    };
+    not_replayed("remaining, freeze + kill, watch_at", at, &actions);
+}
+
+/// (2b) on the scripts as they are (and with the fill as it was), freeze + kill, 24 steps: w0 (P0, 2) and w1 (P0, 1) take the 3 permits
+/// free at tick 0; w2, w3 (P1), w5 and w4 (P2) queue in this order, w2 and w5 watching. w0's
+/// release grants w2 (P1, 2); the watchers are w5 (P2) and w3 (P1). P1 is killed, P2 freezes.
+/// w1's release grants w5 (P2, 1); the holders are w2 (P1, dead, lease to tick 4) and w5; the
+/// only waiter left, w4 (P2), is told "look in 4" (at tick 4). P2 resumes at tick 2 (a freeze
+/// of 2 ticks, not noticed: `notice` 3): w5 confirms its grant (extend: the watchers are kept,
+/// w4's look is still due at tick 4), and w4 reads its watch message late and looks 4 ticks
+/// after reading, at tick 6. w2's lease ends at tick 4: 2 permits are free, w4 (2) would be
+/// granted, and nobody looks (one tick: w4's deadline is tick 6). A watch message naming a
+/// time (`Cfg::watch_at`) makes w4 look at tick 4.
+#[test]
+fn remaining_late_watch_message() {
+    let t = late_watch_message();
     // the steps happen and (2b) fails on one of their states
     let fails = |cfg: Cfg| -> bool {
         replay(cfg, &t).is_some_and(|(m, states)| !states.iter().all(|s| holds(&m, P2B, s)))
@@ -489,28 +518,23 @@ fn remaining_late_watch_message() {
                 .collect::<Vec<_>>()
         )
     );
-    let fill = Cfg {
-        fill_first_last: true,
-        ..with(&["freeze", "kill"])
-    };
     assert!(fails(with(&["freeze", "kill"])));
-    assert!(fails(fill.clone()));
+    assert!(fails(fill_any(with(&["freeze", "kill"]))));
     assert!(!fails(Cfg {
         watch_at: true,
-        ..fill
+        ..with(&["freeze", "kill"])
     }));
 }
 
-/// The two suggestions together (`Cfg::fill_first_last`, `Cfg::watch_at`), freeze + kill:
-/// every property holds.
+/// The scripts with the suggestion `Cfg::watch_at` (a watch message names a time), freeze +
+/// kill: every property holds.
 #[test]
-fn suggestions_freeze_kill() {
+fn watch_at_freeze_kill() {
     let cfg = Cfg {
-        fill_first_last: true,
         watch_at: true,
         ..with(&["freeze", "kill"])
     };
-    exhaustive("suggestions, freeze + kill", cfg, FLOOR_SFK, &[]);
+    exhaustive("watch_at, freeze + kill", cfg, FLOOR_AFK, &[]);
 }
 
 /// (2b) counted strictly (`Cfg::idle_strict`: a dead head is dropped by the scan at once, as
