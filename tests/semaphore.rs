@@ -249,11 +249,13 @@ async fn a_crashed_holders_permits_come_back_at_lease_end() {
         .build()
         .unwrap();
     let sem = crashed.semaphore(2).unwrap();
+    // Before the take is sent: the lease starts after this, so it cannot end sooner than a
+    // lease from here (less the millisecond the scripts' clock rounds down).
+    let taken = Instant::now();
     let g = sem
         .acquire("crash", 2, &opts(1_000, 0))
         .await
         .expect("take both");
-    let taken = Instant::now();
     std::mem::forget(g);
     crashed.client().quit().await.unwrap();
     let waiter = queued(&server.url()).await.semaphore(2).unwrap();
@@ -264,11 +266,12 @@ async fn a_crashed_holders_permits_come_back_at_lease_end() {
     let after = taken.elapsed();
     println!("permits back {after:?} after the take (lease 1 s)");
     assert!(
-        after >= Duration::from_millis(950),
+        after >= Duration::from_millis(998),
         "{after:?}: before the lease ended"
     );
+    // The watcher looks when the lease ends: a loose bound, for a busy machine.
     assert!(
-        after < Duration::from_millis(2_500),
+        after < Duration::from_millis(3_000),
         "{after:?}: long after the lease ended"
     );
     got.release().await.unwrap();
