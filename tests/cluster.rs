@@ -35,6 +35,21 @@ fn slot(key: &str) -> u16 {
     waitlock::fred::util::redis_keyslot(format!("waitlock:{key}").as_bytes())
 }
 
+/// Waits until each key's queue holds `n` waiters (`queued` reads one key's count).
+async fn until_queued<F, Fut>(keys: &[String], n: usize, queued: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = usize>,
+{
+    for k in keys {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while queued(k.clone()).await < n {
+            assert!(Instant::now() < deadline, "{k}: waiters never queued");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
 /// Sharded subscriber connections per node (`ssub=` non-zero in CLIENT LIST).
 fn shard_subscribers(cluster: &RedisCluster) -> Vec<usize> {
     cluster
@@ -92,13 +107,11 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
         }
     }
     // Every waiter queued, then the holder lets go of every key.
-    for k in &keys {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while holder.status(k).await.expect("status").queued < 3 {
-            assert!(Instant::now() < deadline, "{k}: waiters never queued");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
+    let holder_ref = &holder;
+    until_queued(&keys, 3, |k| async move {
+        holder_ref.status(&k).await.expect("status").queued
+    })
+    .await;
     let subscribers = shard_subscribers(&cluster);
     for g in held {
         g.release().await.expect("release");
@@ -563,13 +576,11 @@ async fn semaphore_grants_on_keys_over_every_primary() {
             }));
         }
     }
-    for k in &keys {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while holder.status(k).await.expect("status").queued < 3 {
-            assert!(Instant::now() < deadline, "{k}: waiters never queued");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
+    let holder_ref = &holder;
+    until_queued(&keys, 3, |k| async move {
+        holder_ref.status(&k).await.expect("status").queued
+    })
+    .await;
     for g in held {
         g.release().await.expect("release");
     }
