@@ -218,7 +218,8 @@ async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
 }
 
 /// Steady contention: 3 permits, 4 queued lockers (4 processes as Redis sees them) × 6 tasks
-/// with weights 1 and 2, connections killed every 300 ms. Every acquisition checks the valid
+/// with weights 1 and 2, connections killed every 300 ms (subscribers every 600 ms). Every
+/// acquisition checks the valid
 /// guards' weight and that its fence is new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_n_under_contention_and_connection_kills() {
@@ -226,9 +227,14 @@ async fn never_more_than_n_under_contention_and_connection_kills() {
     let n = 3;
     let run = Contention::start(&server.url(), "hot", n, 4, 6, |p, t| 1 + (t + p) % 2, 2_000).await;
     let admin = server.client().await;
-    for _ in 0..10 {
+    for i in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // The command connections, and every other time the subscribers (the waiters then
+        // subscribe again, and look: grants sent meanwhile are not lost).
         let _: Value = cmd(&admin, "CLIENT KILL TYPE normal SKIPME yes", vec![]).await;
+        if i % 2 == 1 {
+            let _: Value = cmd(&admin, "CLIENT KILL TYPE pubsub", vec![]).await;
+        }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (done, ledger) = run.stop().await;
@@ -752,4 +758,34 @@ async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
     );
     let status = eval(PERMIT_STATUS, "-", "", "", "").await;
     assert_eq!(&status[..4], &[1, 0, 0, 0], "{status:?}");
+}
+
+/// A wait timeout behaves as the lock's: `WaitTimeout` at the deadline (not long after), and
+/// the waiter's queue entry is gone afterwards, so the next release has nobody to skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_timeout_ends_at_the_deadline_and_leaves_the_queue() {
+    let server = RedisServer::start();
+    let (a, b) = (queued(&server.url()).await, queued(&server.url()).await);
+    let (sa, sb) = (a.semaphore(2).unwrap(), b.semaphore(2).unwrap());
+    let held = sa.acquire("timeout", 2, &opts(10_000, 0)).await.unwrap();
+    let start = Instant::now();
+    match sb.acquire_wait("timeout", 1, &opts(10_000, 300)).await {
+        Err(Error::WaitTimeout { key, .. }) => assert_eq!(key, "timeout"),
+        other => panic!("expected WaitTimeout, got {other:?}"),
+    }
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(
+        took < Duration::from_millis(1_300),
+        "{took:?}: long past the deadline"
+    );
+    b.idle().await;
+    assert_eq!(
+        sa.status("timeout").await.unwrap().queued,
+        0,
+        "entry left behind"
+    );
+    held.release().await.unwrap();
+    let st = sa.status("timeout").await.unwrap();
+    assert_eq!((st.held, st.holders, st.queued), (0, 0, 0), "{st:?}");
 }
