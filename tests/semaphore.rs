@@ -789,3 +789,53 @@ async fn a_wait_timeout_ends_at_the_deadline_and_leaves_the_queue() {
     let st = sa.status("timeout").await.unwrap();
     assert_eq!((st.held, st.holders, st.queued), (0, 0, 0), "{st:?}");
 }
+
+/// The number of permits is fixed while anyone holds or waits, but waiters of processes that
+/// are gone (nobody listens on their grant channel) do not pin it: a semaphore with another
+/// number drops them and takes the key. A live waiter does pin it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiters_do_not_pin_the_number_of_permits() {
+    let server = RedisServer::start();
+    let locker = queued(&server.url()).await;
+    let three = locker.semaphore(3).unwrap();
+    three
+        .acquire("pin", 3, &opts(10_000, 0))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // A waiter of a process that died after that release: queued, nobody listens for it.
+    let admin = server.client().await;
+    let _: Value = cmd(
+        &admin,
+        "ZADD",
+        vec![
+            "{waitlock:pin}:s:q".into(),
+            "1".into(),
+            "0123456789ab 10000 w1:0123456789ab/x".into(),
+        ],
+    )
+    .await;
+    let four = locker.semaphore(4).unwrap();
+    let g4 = four
+        .acquire("pin", 4, &opts(10_000, 0))
+        .await
+        .expect("the dead waiter does not pin 3 permits");
+    // Now a live waiter of 4 permits: a semaphore of 3 is refused while it waits.
+    let waiter = tokio::spawn({
+        let four = four.clone();
+        async move { four.acquire_wait("pin", 1, &opts(10_000, 20_000)).await }
+    });
+    until_queued(&four, "pin", 1).await;
+    assert!(matches!(
+        three.acquire("pin", 1, &opts(10_000, 0)).await,
+        Err(Error::PermitsMismatch {
+            asked: 3,
+            current: 4,
+            ..
+        })
+    ));
+    g4.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}

@@ -11,7 +11,10 @@ if not w or not asked or w < 1 or w > asked then
 end
 local s = state()
 if s.limit ~= asked then
-  if s.limit and (redis.call('EXISTS', HOLDERS) == 1 or redis.call('EXISTS', PQ) == 1) then
+  -- In use: someone holds, or a waiter whose process listens waits (waiters of processes
+  -- gone are dropped here, 200 at most, so that a crash does not pin the limit for the
+  -- queue's retention).
+  if s.limit and (redis.call('EXISTS', HOLDERS) == 1 or not drop_dead()) then
     return {5, s.limit}
   end
   s.limit, s.changed = asked, true

@@ -177,6 +177,22 @@ local function serve(L, s, self)
   return mine, #done > 0, granted
 end
 
+-- Drops the queue's heads whose process nobody listens for (SCAN at most). Returns whether
+-- the queue is empty now.
+local function drop_dead()
+  if redis.call('EXISTS', PQ) == 0 then return true end
+  local L, dead = slow(), {}
+  for _, head in ipairs(redis.call('ZRANGE', PQ, 0, SCAN - 1)) do
+    local hub = L.split_member(head)
+    if hub and L.process(hub).is ~= 'gone' then break end
+    dead[#dead + 1] = head
+  end
+  if #dead > 0 then redis.call('ZREM', PQ, unpack(dead)) end
+  if redis.call('EXISTS', PQ) == 1 then return false end
+  redis.call('DEL', PP)
+  return true
+end
+
 -- After the queue changed: the waiters left are told when to look (now, when the head fits
 -- in what is free: the scan stopped at its bound; else when the first lease ends), or, with
 -- nobody left, the processes hash goes.
