@@ -103,12 +103,14 @@ impl std::fmt::Display for ConnectStep {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Another token holds the lock.
+    /// Another token holds the lock (for permits: too few are free), or waiters are queued,
+    /// who come first.
     #[error("lock {key:?} is held by another token (remaining TTL: {remaining_ttl:?})")]
     Locked {
         /// The user's key (without prefix).
         key: String,
         /// The holder's remaining TTL as Redis reported it; `None` when the key has no expiry.
+        /// For permits: when the first lease ends (zero when only waiters are ahead).
         remaining_ttl: Option<Duration>,
     },
     /// The same (fixed) token already holds the lock; nothing was changed.
