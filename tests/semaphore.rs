@@ -680,39 +680,9 @@ async fn a_polling_semaphore_counts_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
     let server = RedisServer::start();
-    let admin = server.client().await;
-    // The waiter's process listens on its grant channel (a release skips deaf waiters).
-    let listener = server.client().await;
-    listener
-        .subscribe("{waitlock:p1}:s:w:abc123")
-        .await
-        .expect("subscribe");
-    let start = Instant::now();
-    loop {
-        let n: Vec<Value> = cmd(&admin, "PUBSUB NUMSUB {waitlock:p1}:s:w:abc123", vec![]).await;
-        if n.get(1).and_then(Value::as_i64) == Some(1) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let eval = |script: &'static str, token: &str, member: &str, flag: &str, fence: &str| {
-        let mut args: Vec<Value> = vec![script.into(), 5.into()];
-        for k in ["", ":fence", ":q", ":p", ":f"] {
-            args.push(format!("{{waitlock:p1}}:s{k}").into());
-        }
-        let hub = member.split(' ').next().unwrap_or("");
-        for a in [
-            token, "10000", "3600000", "500", "100", member, hub, flag, fence, "1",
-        ] {
-            args.push(a.into());
-        }
-        let admin = admin.clone();
-        async move { cmd::<Vec<i64>>(&admin, "EVAL", args).await }
-    };
+    let raw = Raw::new(&server, "p1", "abc123", 3_600_000).await;
+    let eval =
+        |script, token, member, flag, fence| raw.eval(script, token, 10_000, member, flag, fence);
     use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_LEAVE, PERMIT_RELEASE, PERMIT_STATUS};
     let (a, b) = ("w1:aaaaaa/1", "w1:abc123/2");
     let member_b = format!("abc123 10000 {b}");
@@ -838,4 +808,164 @@ async fn dead_waiters_do_not_pin_the_number_of_permits() {
     ));
     g4.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// The permit scripts driven raw, on key `{waitlock:<key>}:s*` with 1 permit, with a
+/// subscriber listening as process `hub` (a release skips waiters nobody listens for).
+struct Raw {
+    admin: Client,
+    _listener: Client,
+    key: String,
+    retention_ms: u64,
+}
+
+impl Raw {
+    async fn new(server: &RedisServer, key: &str, hub: &str, retention_ms: u64) -> Raw {
+        let admin = server.client().await;
+        let listener = server.client().await;
+        let channel = format!("{{waitlock:{key}}}:s:w:{hub}");
+        listener
+            .subscribe(channel.clone())
+            .await
+            .expect("subscribe");
+        // fred's subscribe can return before another connection's script counts it.
+        let start = Instant::now();
+        loop {
+            let n: Vec<Value> = cmd(&admin, "PUBSUB NUMSUB", vec![channel.clone().into()]).await;
+            if n.get(1).and_then(Value::as_i64) == Some(1) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Raw {
+            admin,
+            _listener: listener,
+            key: key.to_owned(),
+            retention_ms,
+        }
+    }
+
+    /// One script call: `member` names its hub first (or is empty).
+    async fn eval(
+        &self,
+        script: &'static str,
+        token: &str,
+        ttl_ms: u64,
+        member: &str,
+        flag: &str,
+        fence: &str,
+    ) -> Vec<i64> {
+        let mut args: Vec<Value> = vec![script.into(), 5.into()];
+        for k in ["", ":fence", ":q", ":p", ":f"] {
+            args.push(format!("{{waitlock:{}}}:s{k}", self.key).into());
+        }
+        let hub = member.split(' ').next().unwrap_or("");
+        let (ttl, retention) = (ttl_ms.to_string(), self.retention_ms.to_string());
+        for a in [
+            token, &ttl, &retention, "500", "100", member, hub, flag, fence, "1",
+        ] {
+            args.push(a.into());
+        }
+        cmd::<Vec<i64>>(&self.admin, "EVAL", args).await
+    }
+}
+
+/// Found in review: a waiter that calls without its member while its earlier entry is still
+/// queued (its subscription judged failed on the client, alive in Redis) was granted twice in
+/// one call (its entry, then a free take), and the key counted its weight twice for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_own_queued_entry_is_not_granted_twice() {
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_RELEASE, PERMIT_STATUS};
+    let server = RedisServer::start();
+    let raw = Raw::new(&server, "twice", "cccc", 3_600_000).await;
+    let (a, b) = ("w1:aaaa/1", "w1:cccc/2");
+    let member_b = format!("cccc 10000 {b}");
+    assert_eq!(raw.eval(PERMIT_ACQUIRE, a, 300, "", "", "").await[0], 0);
+    assert_eq!(
+        raw.eval(PERMIT_ACQUIRE, b, 10_000, &member_b, "", "").await[0],
+        2
+    );
+    // a's lease ends unreleased; b calls again without its member.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(raw.eval(PERMIT_ACQUIRE, b, 10_000, "", "", "").await[0], 0);
+    let status = raw.eval(PERMIT_STATUS, "-", 1, "", "", "").await;
+    assert_eq!(&status[..4], &[1, 1, 1, 0], "{status:?}");
+    assert_eq!(raw.eval(PERMIT_RELEASE, b, 1, "", "", "").await, vec![1]);
+    let c = raw
+        .eval(PERMIT_ACQUIRE, "w1:dddd/3", 10_000, "", "", "")
+        .await;
+    assert_eq!(c[0], 0, "the permit is free but the key says held: {c:?}");
+}
+
+/// Found in review: the processes hash got its expiry only when a process first wrote its
+/// field, so it could expire while its queue lived on; a watcher write then made it again
+/// with no expiry, and it stayed behind when the queue expired. Retention 1 s here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processes_hash_always_expires() {
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_EXTEND};
+    let server = RedisServer::start();
+    let raw = Raw::new(&server, "procs", "aaaa", 1_000).await;
+    let holder = "w1:bbbb/1";
+    assert_eq!(
+        raw.eval(PERMIT_ACQUIRE, holder, 20_000, "", "", "").await[0],
+        0
+    );
+    for i in 1..=2 {
+        let member = format!("aaaa 20000 w1:aaaa/{i}");
+        let token = format!("w1:aaaa/{i}");
+        assert_eq!(
+            raw.eval(PERMIT_ACQUIRE, &token, 20_000, &member, "", "")
+                .await[0],
+            2
+        );
+        // Past the hash's retention (set by the first entry), not the queue's (renewed).
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(
+        raw.eval(PERMIT_EXTEND, holder, 20_000, "", "", "").await[0],
+        1
+    );
+    let pttl: i64 = cmd(&raw.admin, "PTTL {waitlock:procs}:s:p", vec![]).await;
+    assert_ne!(pttl, -1, "the processes hash has no expiry");
+}
+
+/// Found in review: with the key's state deleted by hand (or evicted) while waiters were
+/// queued, a leave dropped every waiter as if none could ever fit. The queue now waits until
+/// the number of permits is known again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_state_drops_no_waiter() {
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_LEAVE};
+    let server = RedisServer::start();
+    let raw = Raw::new(&server, "lost", "bbbb", 3_600_000).await;
+    assert_eq!(
+        raw.eval(PERMIT_ACQUIRE, "w1:h/1", 60_000, "", "", "").await[0],
+        0
+    );
+    for i in 1..=3 {
+        let member = format!("bbbb 60000 w1:bbbb/{i}");
+        let token = format!("w1:bbbb/{i}");
+        assert_eq!(
+            raw.eval(PERMIT_ACQUIRE, &token, 60_000, &member, "", "")
+                .await[0],
+            2
+        );
+    }
+    let _: Value = cmd(&raw.admin, "DEL {waitlock:lost}:s:fence", vec![]).await;
+    let left = raw
+        .eval(
+            PERMIT_LEAVE,
+            "w1:bbbb/3",
+            60_000,
+            "bbbb 60000 w1:bbbb/3",
+            "G",
+            "",
+        )
+        .await;
+    assert_eq!(left, vec![0]);
+    let queued: i64 = cmd(&raw.admin, "ZCARD {waitlock:lost}:s:q", vec![]).await;
+    assert_eq!(queued, 2, "waiters dropped");
 }

@@ -136,6 +136,12 @@ local function slow()
     return string.match(m, '^(%S+) (%d+) (.*)$')
   end
 
+  -- The processes hash outlives its queue by the retention at most: a write that (re)creates
+  -- it after it expired, while its queue lived on, gives it the retention again.
+  local function retain()
+    if redis.call('PTTL', pkey) == -1 then redis.call('PEXPIRE', pkey, RETAIN) end
+  end
+
   -- Process `hub` called on this key now.
   local function seen(hub)
     if hub == '' then return end
@@ -234,6 +240,7 @@ local function slow()
       end
       redis.call('HSET', pkey, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
     end
+    if #chosen > 0 then retain() end
   end
 
   -- MEMBER, just queued with the lock's lease ending in `pttl` ms: whether it watches the
@@ -272,6 +279,7 @@ local function slow()
     if not mine then return 0 end
     if pttl < 0 then pttl = 0 end
     redis.call('HSET', pkey, WATCHERS[mine], string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
+    retain()
     return 1
   end
 
@@ -368,7 +376,12 @@ local function slow()
 
   -- Process `hub` holds the lock now ('' = unknown).
   local function held_by(hub)
-    if hub ~= '' then redis.call('HSET', pkey, '!h', hub) else redis.call('HDEL', pkey, '!h') end
+    if hub ~= '' then
+      redis.call('HSET', pkey, '!h', hub)
+      retain()
+    else
+      redis.call('HDEL', pkey, '!h')
+    end
   end
 
   -- The holder's process as recorded ('' = unknown).

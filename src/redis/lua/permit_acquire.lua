@@ -4,7 +4,8 @@
 -- acquire.lua's, pttl being the time until the first lease ends: {0, ttl, fence} acquired;
 -- {1, pttl, fence} this token holds them already; {2, pttl, 0[, 1]} not now (1: waiters are
 -- queued); {2, pttl, 1, listening, fence, watching, time, depth} not now, MEMBER queued; and
--- {5, limit}: the key has `limit` permits while someone holds or waits (nothing changed).
+-- {5, limit}: the key has `limit` permits while someone holds or waits (nothing changed but
+-- the dropping of waiters whose process is gone).
 local w, asked = weight_of(TOKEN), tonumber(ARGV[10])
 if not w or not asked or w < 1 or w > asked then
   return redis.error_reply('ERR waitlock: a permit token is w<weight>:<id>, 1 <= weight <= permits')
@@ -38,7 +39,7 @@ local L = nil
 if redis.call('EXISTS', PQ) == 1 then
   -- Waiters are queued: they come first, the caller among them if it is queued.
   L = slow()
-  local mine, changed = serve(L, s, MEMBER)
+  local mine, changed = serve(L, s, MEMBER, TOKEN)
   if changed then after_serve(L, s) end
   if mine then
     settle(s)

@@ -65,6 +65,8 @@ local function drop_holder(s, token)
   redis.call('ZREM', HOLDERS, token)
   redis.call('HDEL', FENCES, token)
   s.used = math.max(0, s.used - (weight_of(token) or 0))
+  -- Without a state (see `state`), the count is known again once the last holder is gone.
+  if s.used == math.huge and redis.call('EXISTS', HOLDERS) == 0 then s.used = 0 end
 end
 
 -- Drops up to PURGE leases that have ended.
@@ -146,24 +148,28 @@ local function settle(s)
   redis.call('SET', STATE, string.format('%.0f %d %d', s.fence, s.limit or 0, s.used), 'PX', keep)
 end
 
--- Grants to the queue's heads in order while the head's weight fits; `self` (the caller's
--- member, or '') is granted as the others, with TTL. Heads whose process nobody listens for
--- are dropped. Returns the caller's fence if it was granted (else nil), whether the queue
--- changed, and how many others were granted.
-local function serve(L, s, self)
+-- Grants to the queue's heads in order while the head's weight fits; the caller's own entry
+-- (`self`: its member, or any entry of its token `self_token`, e.g. one queued before it last
+-- called without a member) is granted as the others, with TTL and no message. Heads whose
+-- process nobody listens for are dropped. Returns the caller's fence if it was granted (else
+-- nil), whether the queue changed, and how many others were granted.
+local function serve(L, s, self, self_token)
+  -- The key's number of permits is unknown (its state was deleted): nobody can be granted.
+  if not s.limit then return nil, false, 0 end
   local heads = redis.call('ZRANGE', PQ, 0, SCAN - 1)
   local done, mine, granted = {}, nil, 0
   for _, head in ipairs(heads) do
     local hub, ttl, token = L.split_member(head)
     local w = token and weight_of(token)
-    local p = w and head ~= self and L.process(hub)
+    local own = head == self or (self_token and token == self_token)
+    local p = w and not own and L.process(hub)
     if not w or w > (s.limit or 0) or (p and p.is == 'gone') then
       -- Malformed, can never fit, or nobody listens for it: dropped (a dead head holds back
       -- nobody).
       done[#done + 1] = head
     elseif s.used + w > s.limit then
       break
-    elseif head == self then
+    elseif own then
       done[#done + 1] = head
       mine = hold(s, token, tonumber(TTL), false)
     else
