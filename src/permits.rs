@@ -64,12 +64,15 @@ pub struct PermitStatus {
     pub queued: usize,
     /// When the first lease ends, if any is held: a crashed holder's permits come back then.
     pub first_lease_ends_in: Option<Duration>,
+    /// The holders whose leases end first (10 at most), soonest first: token (`w<weight>:`,
+    /// then the holder's process id and a random id for a queued locker's) and time left.
+    pub leases: Vec<(String, Duration)>,
     /// The fence of the latest acquisition, if the key's state exists.
     pub fence: Option<u64>,
 }
 
 impl PermitStatus {
-    fn from_raw(raw: &RawPermits) -> PermitStatus {
+    fn from_raw(raw: RawPermits) -> PermitStatus {
         let small = |v: u64| v.min(u64::from(u32::MAX)) as u32;
         PermitStatus {
             permits: (raw.limit > 0).then(|| small(raw.limit)),
@@ -78,6 +81,7 @@ impl PermitStatus {
             queued: raw.queued as usize,
             first_lease_ends_in: (raw.holders > 0).then_some(raw.first_end),
             fence: (raw.fence > 0).then_some(raw.fence),
+            leases: raw.leases,
         }
     }
 }
@@ -143,7 +147,10 @@ impl<S: Strategy> Semaphore<S> {
     /// Cancel safe: permits taken by a dropped call are given back in the background.
     pub async fn acquire(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<LockGuard> {
         let engine = &self.locker.engine;
-        let result = match self.request(key, weight, opts, "") {
+        // The token names this process (a queued locker's): the scripts keep the watchers of
+        // the key's queue out of holders' processes where they can.
+        let hub = self.locker.strategy.process_id();
+        let result = match self.request(key, weight, opts, hub) {
             Ok(req) => crate::wait::once(engine, &req).await,
             Err(e) => Err(e),
         };
@@ -202,7 +209,8 @@ impl<S: Strategy> Semaphore<S> {
         run_under(guard, f).await
     }
 
-    /// What Redis holds for `key`'s permits now.
+    /// What Redis holds for `key`'s permits now (one script call, and one `ZRANGEBYSCORE` for
+    /// the first leases when anyone holds).
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::WrongType`], [`Error::Timeout`] or
     /// [`Error::Redis`].
@@ -212,7 +220,7 @@ impl<S: Strategy> Semaphore<S> {
     pub async fn status(&self, key: &str) -> Result<PermitStatus> {
         let engine = &self.locker.engine;
         let names = crate::keys::Names::permits(&engine.prefix, key, self.permits)?;
-        Ok(PermitStatus::from_raw(&engine.permit_status(&names).await?))
+        Ok(PermitStatus::from_raw(engine.permit_status(&names).await?))
     }
 }
 

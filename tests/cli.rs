@@ -1181,10 +1181,13 @@ fn status_shows_the_permits_of_a_key() {
     let permits = &status["permits"];
     let ends_in = permits["first_lease_ends_in_ms"].as_u64().expect("a lease");
     assert!(ends_in > 0 && ends_in <= 30_000, "{status}");
+    let token = dir.read("token").trim().to_owned();
+    assert!(token.starts_with("w1:"), "{token}");
     assert_eq!(
         permits,
         &serde_json::json!({"kind": "semaphore", "permits": 2, "held": 1, "holders": 1,
-                            "queued": 0, "first_lease_ends_in_ms": ends_in, "fence": fence})
+                            "queued": 0, "first_lease_ends_in_ms": ends_in, "fence": fence,
+                            "leases": [{"token": token, "ends_in_ms": ends_in}]})
     );
     let mut c = waitlock(&server, &dir);
     c.args(["status", "thumbnails"]);
@@ -1192,8 +1195,12 @@ fn status_shows_the_permits_of_a_key() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
     assert!(lines[0].starts_with("'thumbnails' is free"), "{text}");
+    assert!(
+        lines[2].starts_with(&format!("  {token}: lease ends in ")),
+        "{text}"
+    );
     assert!(
         lines[1].starts_with(
             "'thumbnails' semaphore: 1 of 2 permits held by 1 holder, the first lease ends in "

@@ -132,7 +132,7 @@ pub(crate) struct RawStatus {
 }
 
 /// What a permit status read found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct RawPermits {
     pub(crate) limit: u64,
     pub(crate) used: u64,
@@ -140,6 +140,8 @@ pub(crate) struct RawPermits {
     pub(crate) queued: u64,
     pub(crate) first_end: Duration,
     pub(crate) fence: u64,
+    /// The holders whose leases end first (10 at most): token and time left.
+    pub(crate) leases: Vec<(String, Duration)>,
 }
 
 /// A script and the operation name its errors carry.
@@ -609,16 +611,62 @@ impl Engine {
             )
             .await?;
         let n = |v: i64| v.max(0) as u64;
-        match reply.as_slice() {
-            [limit, used, holders, queued, first_end, fence] => Ok(RawPermits {
-                limit: n(*limit),
-                used: n(*used),
-                holders: n(*holders),
-                queued: n(*queued),
-                first_end: Duration::from_millis(n(*first_end)),
-                fence: n(*fence),
-            }),
-            other => Err(unexpected(names, Op::Status, other)),
-        }
+        let [limit, used, holders, queued, first_end, fence, now_ms] = reply.as_slice() else {
+            return Err(unexpected(names, Op::Status, &reply));
+        };
+        let leases = if *holders > 0 {
+            self.first_leases(names, *now_ms).await?
+        } else {
+            Vec::new()
+        };
+        Ok(RawPermits {
+            limit: n(*limit),
+            used: n(*used),
+            holders: n(*holders),
+            queued: n(*queued),
+            first_end: Duration::from_millis(n(*first_end)),
+            fence: n(*fence),
+            leases,
+        })
+    }
+
+    /// The 10 running leases that end first (after `now_ms`, Redis' time): token, time left.
+    async fn first_leases(&self, names: &Names, now_ms: i64) -> Result<Vec<(String, Duration)>> {
+        use fred::types::{ClusterHash, CustomCommand};
+        let args: Vec<String> = [&names.lock, &format!("({now_ms}"), "+inf", "WITHSCORES"]
+            .into_iter()
+            .map(|a| a.to_string())
+            .chain(["LIMIT", "0", "10"].map(String::from))
+            .collect();
+        let cmd = CustomCommand::new_static("ZRANGEBYSCORE", ClusterHash::FirstKey, false);
+        let call = self
+            .backend
+            .next_client()
+            .custom::<Vec<String>, _>(cmd, args);
+        let flat = match tokio::time::timeout(self.command_timeout, Box::pin(call)).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    key: names.key.clone(),
+                    op: Op::Status,
+                    after: self.command_timeout,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(Error::Redis {
+                    key: names.key.clone(),
+                    op: Op::Status,
+                    source,
+                })
+            }
+            Ok(Ok(flat)) => flat,
+        };
+        Ok(flat
+            .chunks_exact(2)
+            .map(|pair| {
+                let ends = pair[1].parse::<f64>().unwrap_or(0.0) as i64;
+                let left = (ends - now_ms).max(0) as u64;
+                (pair[0].clone(), Duration::from_millis(left))
+            })
+            .collect())
     }
 }

@@ -158,6 +158,10 @@ fn permits_json(p: &PermitStatus) -> serde_json::Value {
         "queued": p.queued,
         "first_lease_ends_in_ms": p.first_lease_ends_in.map(millis),
         "fence": p.fence,
+        "leases": p.leases.iter().map(|(token, left)| serde_json::json!({
+            "token": token,
+            "ends_in_ms": millis(*left),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -193,11 +197,16 @@ fn permits_line(key: &str, p: &PermitStatus) -> Option<String> {
         Some(d) => format!("the first lease ends in {}, fence {fence}", secs(d)),
         None => format!("last fence {fence}"),
     };
-    Some(format!(
+    let mut line = format!(
         "{} {kind}: {held}, {lease}, {} queued",
         quoted(key),
         p.queued
-    ))
+    );
+    // The holders whose leases end first, one per line (10 at most).
+    for (token, left) in &p.leases {
+        line.push_str(&format!("\n  {token}: lease ends in {}", secs(*left)));
+    }
+    Some(line)
 }
 
 /// `waitlock release`: 0 released, 1 not held by that token.
