@@ -132,6 +132,12 @@ local function slow()
     end
   end
 
+  -- Tells `token`'s waiter in process `hub` (listening `how`) that it holds the key for `px`
+  -- ms with fence `f`, from Redis' time now: the 'g2' message.
+  local function grant(how, hub, f, px, token)
+    publish(how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+  end
+
   local function split_member(m)
     return string.match(m, '^(%S+) (%d+) (.*)$')
   end
@@ -320,7 +326,7 @@ local function slow()
         local state = full and HANDED or GRANTED
         redis.call('SET', lock, state .. token, 'PX', px)
         redis.call('HSET', pkey, '!h', hub)
-        publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+        grant(p.how, hub, f, px, token)
         watch(hub, px)
         return 'granted', px
       end
@@ -393,6 +399,6 @@ local function slow()
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
     watch = watch, held_by = held_by, holder_hub = holder_hub,
     -- The permit scripts' queue (permits.lua) uses these too.
-    watching = watching, process = process, publish = publish, listener = listener,
+    watching = watching, process = process, grant = grant, listener = listener,
     split_member = split_member}
 end

@@ -130,8 +130,8 @@ local function hold(s, token, px, granted)
   return f
 end
 
--- Writes the state back (when this call changed it); the holders and their fences expire with the last lease, the state
--- outlives it.
+-- Writes the state back (when this call changed it); the holders and their fences expire
+-- with the last lease, the state outlives it.
 local function settle(s)
   if not s.changed then return end
   local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
@@ -163,7 +163,7 @@ local function serve(L, s, self, self_token)
     local w = token and weight_of(token)
     local own = head == self or (self_token and token == self_token)
     local p = w and not own and L.process(hub)
-    if not w or w > (s.limit or 0) or (p and p.is == 'gone') then
+    if not w or w > s.limit or (p and p.is == 'gone') then
       -- Malformed, can never fit, or nobody listens for it: dropped (a dead head holds back
       -- nobody).
       done[#done + 1] = head
@@ -176,7 +176,7 @@ local function serve(L, s, self, self_token)
       done[#done + 1] = head
       local f = hold(s, token, tonumber(ttl), true)
       granted = granted + 1
-      L.publish(p.how, hub, 'g2 ' .. string.format('%.0f', f) .. ' ' .. ttl .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+      L.grant(p.how, hub, f, ttl, token)
     end
   end
   if #done > 0 then redis.call('ZREM', PQ, unpack(done)) end
