@@ -336,38 +336,11 @@ async fn a_repeated_release_frees_nothing_else() {
     let b = sem.acquire("rel", 1, &opts(10_000, 0)).await.unwrap();
     let token = a.token().to_owned();
     a.release().await.unwrap();
-    let admin = server.client().await;
-    let keys: Vec<Value> = [
-        "{waitlock:rel}:s",
-        "{waitlock:rel}:s:fence",
-        "{waitlock:rel}:s:q",
-        "{waitlock:rel}:s:p",
-        "{waitlock:rel}:s:f",
-    ]
-    .into_iter()
-    .map(Value::from)
-    .collect();
-    let mut args = vec![
-        Value::from(waitlock::scripts::PERMIT_RELEASE),
-        Value::from(5),
-    ];
-    args.extend(keys);
-    for a in [
-        token.as_str(),
-        "1",
-        "3600000",
-        "500",
-        "100",
-        "",
-        "",
-        "",
-        "",
-        "",
-    ] {
-        args.push(Value::from(a));
-    }
+    let raw = Raw::new(&server, "rel", "ffff", 3_600_000).await;
     for _ in 0..3 {
-        let r: Vec<i64> = cmd(&admin, "EVAL", args.clone()).await;
+        let r = raw
+            .eval(waitlock::scripts::PERMIT_RELEASE, &token, 1, "", "", "")
+            .await;
         assert_eq!(r, vec![0], "a repeated release");
     }
     let st = sem.status("rel").await.unwrap();
@@ -683,7 +656,7 @@ async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
     let raw = Raw::new(&server, "p1", "abc123", 3_600_000).await;
     let eval =
         |script, token, member, flag, fence| raw.eval(script, token, 10_000, member, flag, fence);
-    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_LEAVE, PERMIT_RELEASE, PERMIT_STATUS};
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_LEAVE, PERMIT_RELEASE};
     let (a, b) = ("w1:aaaaaa/1", "w1:abc123/2");
     let member_b = format!("abc123 10000 {b}");
     assert_eq!(
@@ -706,7 +679,7 @@ async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
         vec![0],
         "the late message gave back a claimed grant"
     );
-    let status = eval(PERMIT_STATUS, "-", "", "", "").await;
+    let status = raw.status().await;
     assert_eq!(
         &status[..4],
         &[1, 1, 1, 0],
@@ -721,12 +694,12 @@ async fn a_claimed_grant_is_not_given_back_by_its_late_message() {
         vec![2],
         "granted to c"
     );
-    let fence_c = eval(PERMIT_STATUS, "-", "", "", "").await[5].to_string();
+    let fence_c = raw.status().await[5].to_string();
     assert_eq!(
         eval(PERMIT_LEAVE, c, &member_c, "o", &fence_c).await,
         vec![2]
     );
-    let status = eval(PERMIT_STATUS, "-", "", "", "").await;
+    let status = raw.status().await;
     assert_eq!(&status[..4], &[1, 0, 0, 0], "{status:?}");
 }
 
@@ -859,6 +832,30 @@ impl Raw {
         flag: &str,
         fence: &str,
     ) -> Vec<i64> {
+        self.call(script, token, ttl_ms, member, flag, fence).await
+    }
+
+    /// The status script's counts: permits, held, holders, queued, first lease end, fence (the
+    /// leases listed after them are left out).
+    async fn status(&self) -> Vec<i64> {
+        let reply: Vec<Value> = self
+            .call(waitlock::scripts::PERMIT_STATUS, "-", 1, "", "", "")
+            .await;
+        reply[..6]
+            .iter()
+            .map(|v| v.as_i64().expect("a count"))
+            .collect()
+    }
+
+    async fn call<R: waitlock::fred::types::FromValue>(
+        &self,
+        script: &'static str,
+        token: &str,
+        ttl_ms: u64,
+        member: &str,
+        flag: &str,
+        fence: &str,
+    ) -> R {
         let mut args: Vec<Value> = vec![script.into(), 5.into()];
         for k in ["", ":fence", ":q", ":p", ":f"] {
             args.push(format!("{{waitlock:{}}}:s{k}", self.key).into());
@@ -870,7 +867,7 @@ impl Raw {
         ] {
             args.push(a.into());
         }
-        cmd::<Vec<i64>>(&self.admin, "EVAL", args).await
+        cmd::<R>(&self.admin, "EVAL", args).await
     }
 }
 
@@ -879,7 +876,7 @@ impl Raw {
 /// one call (its entry, then a free take), and the key counted its weight twice for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiters_own_queued_entry_is_not_granted_twice() {
-    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_RELEASE, PERMIT_STATUS};
+    use waitlock::scripts::{PERMIT_ACQUIRE, PERMIT_RELEASE};
     let server = RedisServer::start();
     let raw = Raw::new(&server, "twice", "cccc", 3_600_000).await;
     let (a, b) = ("w1:aaaa/1", "w1:cccc/2");
@@ -892,7 +889,7 @@ async fn a_waiters_own_queued_entry_is_not_granted_twice() {
     // a's lease ends unreleased; b calls again without its member.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(raw.eval(PERMIT_ACQUIRE, b, 10_000, "", "", "").await[0], 0);
-    let status = raw.eval(PERMIT_STATUS, "-", 1, "", "", "").await;
+    let status = raw.status().await;
     assert_eq!(&status[..4], &[1, 1, 1, 0], "{status:?}");
     assert_eq!(raw.eval(PERMIT_RELEASE, b, 1, "", "", "").await, vec![1]);
     let c = raw

@@ -12,6 +12,7 @@ use crate::error::{Error, Op, Result};
 use crate::keys::{Kind, Names};
 use fred::interfaces::{ClientLike, LuaInterface, ServerInterface};
 use fred::types::scripts::Script;
+use fred::types::{FromValue, Value};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -281,14 +282,14 @@ impl Engine {
     /// FLUSH, a Redis restart or a failover; on a cluster, on every primary) and runs it again;
     /// retries `TRYAGAIN` (a slot split by a migration) and `CLUSTERDOWN` until the limit.
     /// Neither error means the script ran. fred follows MOVED and ASK itself.
-    async fn eval(
+    async fn eval<R: FromValue>(
         &self,
         client: &Client,
         lua: &Lua,
         c: &Call<'_>,
         limit: Duration,
         how: Via,
-    ) -> Result<Vec<i64>> {
+    ) -> Result<R> {
         let (script, op, names) = (&lua.script, lua.op, c.names);
         let mut keys = vec![
             names.lock.clone(),
@@ -309,7 +310,7 @@ impl Engine {
                 let sent = match how {
                     Via::Sha => {
                         client
-                            .evalsha::<Vec<i64>, _, _, _>(
+                            .evalsha::<R, _, _, _>(
                                 script.sha1().clone(),
                                 keys.clone(),
                                 args.clone(),
@@ -319,7 +320,7 @@ impl Engine {
                     Via::Text => {
                         let text = script.lua().cloned().unwrap_or_default();
                         client
-                            .eval::<Vec<i64>, _, _, _>(text, keys.clone(), args.clone())
+                            .eval::<R, _, _, _>(text, keys.clone(), args.clone())
                             .await
                     }
                 };
@@ -383,7 +384,7 @@ impl Engine {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let reply = self
+            let reply: Vec<i64> = self
                 .eval(client, &self.scripts.of(c.names).acquire, c, left, Via::Sha)
                 .await?;
             return Ok(match reply.as_slice() {
@@ -443,7 +444,7 @@ impl Engine {
         c: &Call<'_>,
         limit: Duration,
     ) -> Result<Extended> {
-        let reply = self
+        let reply: Vec<i64> = self
             .eval(client, &self.scripts.of(c.names).extend, c, limit, Via::Sha)
             .await?;
         let extended = match reply.as_slice() {
@@ -531,7 +532,7 @@ impl Engine {
         let mut late = false;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let reply = self
+            let reply: Vec<i64> = self
                 .eval(client, &self.scripts.of(names).release, &c, left, how)
                 .await?;
             let released = match reply.as_slice() {
@@ -559,7 +560,7 @@ impl Engine {
         how: Via,
     ) -> Result<Left> {
         let deadline = Instant::now() + limit;
-        let reply = self
+        let reply: Vec<i64> = self
             .eval(client, &self.scripts.of(c.names).leave, c, limit, how)
             .await?;
         Ok(match reply.as_slice() {
@@ -578,7 +579,7 @@ impl Engine {
     /// The lock's state, read in one script call.
     pub(crate) async fn status(&self, names: &Names) -> Result<RawStatus> {
         let c = Call::new(names, "-");
-        let reply = self
+        let reply: Vec<i64> = self
             .eval(
                 self.backend.next_client(),
                 &self.scripts.lock.status,
@@ -601,7 +602,7 @@ impl Engine {
     /// A permit key's state, read in one script call.
     pub(crate) async fn permit_status(&self, names: &Names) -> Result<RawPermits> {
         let c = Call::new(names, "-");
-        let reply = self
+        let reply: Vec<Value> = self
             .eval(
                 self.backend.next_client(),
                 &self.scripts.permits.status,
@@ -610,63 +611,32 @@ impl Engine {
                 Via::Sha,
             )
             .await?;
-        let n = |v: i64| v.max(0) as u64;
-        let [limit, used, holders, queued, first_end, fence, now_ms] = reply.as_slice() else {
-            return Err(unexpected(names, Op::Status, &reply));
+        let malformed = || {
+            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
+            unexpected(names, Op::Status, &ints)
         };
-        let leases = if *holders > 0 {
-            self.first_leases(names, *now_ms).await?
-        } else {
-            Vec::new()
+        let n = |v: &Value| v.as_i64().map(|v| v.max(0) as u64);
+        if reply.len() < 6 {
+            return Err(malformed());
+        }
+        let (counts, leases) = reply.split_at(6);
+        let counts: Option<Vec<u64>> = counts.iter().map(n).collect();
+        let Some(&[limit, used, holders, queued, first_end, fence]) = counts.as_deref() else {
+            return Err(malformed());
         };
-        Ok(RawPermits {
-            limit: n(*limit),
-            used: n(*used),
-            holders: n(*holders),
-            queued: n(*queued),
-            first_end: Duration::from_millis(n(*first_end)),
-            fence: n(*fence),
-            leases,
-        })
-    }
-
-    /// The 10 running leases that end first (after `now_ms`, Redis' time): token, time left.
-    async fn first_leases(&self, names: &Names, now_ms: i64) -> Result<Vec<(String, Duration)>> {
-        use fred::types::{ClusterHash, CustomCommand};
-        let args: Vec<String> = [&names.lock, &format!("({now_ms}"), "+inf", "WITHSCORES"]
-            .into_iter()
-            .map(|a| a.to_string())
-            .chain(["LIMIT", "0", "10"].map(String::from))
-            .collect();
-        let cmd = CustomCommand::new_static("ZRANGEBYSCORE", ClusterHash::FirstKey, false);
-        let call = self
-            .backend
-            .next_client()
-            .custom::<Vec<String>, _>(cmd, args);
-        let flat = match tokio::time::timeout(self.command_timeout, Box::pin(call)).await {
-            Err(_) => {
-                return Err(Error::Timeout {
-                    key: names.key.clone(),
-                    op: Op::Status,
-                    after: self.command_timeout,
-                })
-            }
-            Ok(Err(source)) => {
-                return Err(Error::Redis {
-                    key: names.key.clone(),
-                    op: Op::Status,
-                    source,
-                })
-            }
-            Ok(Ok(flat)) => flat,
-        };
-        Ok(flat
+        // Then token, ms left, for the leases that end first.
+        let leases: Option<Vec<(String, Duration)>> = leases
             .chunks_exact(2)
-            .map(|pair| {
-                let ends = pair[1].parse::<f64>().unwrap_or(0.0) as i64;
-                let left = (ends - now_ms).max(0) as u64;
-                (pair[0].clone(), Duration::from_millis(left))
-            })
-            .collect())
+            .map(|pair| Some((pair[0].as_string()?, Duration::from_millis(n(&pair[1])?))))
+            .collect();
+        Ok(RawPermits {
+            limit,
+            used,
+            holders,
+            queued,
+            first_end: Duration::from_millis(first_end),
+            fence,
+            leases: leases.ok_or_else(malformed)?,
+        })
     }
 }

@@ -1,11 +1,20 @@
 -- Permit status (reads only): {limit (0: none recorded), permits held by running leases,
--- holders, queued, ms until the first running lease ends (0: none), last fence, Redis time ms}.
+-- holders, queued, ms until the first running lease ends (0: none), last fence}, then token
+-- and ms left of the (at most) 10 running leases that end first. Counts the first 1,000
+-- running leases at most.
 local s = state()
-local live = redis.call('ZRANGEBYSCORE', HOLDERS, '(' .. now_ms(), '+inf', 'LIMIT', 0, 1000)
-local used = 0
-for _, token in ipairs(live) do used = used + (weight_of(token) or 0) end
--- The first running lease's end (an ended one not dropped yet is not counted).
-local first = redis.call('ZRANGEBYSCORE', HOLDERS, '(' .. now_ms(), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-local ends = 0
-if first[2] then ends = tonumber(first[2]) - now_ms() end
-return {s.limit or 0, used, #live, redis.call('ZCARD', PQ), ends, s.fence, now_ms()}
+local now = now_ms()
+local live = redis.call('ZRANGEBYSCORE', HOLDERS, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1000)
+local used, first, reply = 0, 0, {}
+for i = 1, #live, 2 do
+  local token, left = live[i], tonumber(live[i + 1]) - now
+  used = used + (weight_of(token) or 0)
+  if i == 1 then first = left end
+  if i < 20 then
+    reply[#reply + 1] = token
+    reply[#reply + 1] = left
+  end
+end
+local head = {s.limit or 0, used, #live / 2, redis.call('ZCARD', PQ), first, s.fence}
+for i, v in ipairs(reply) do head[6 + i] = v end
+return head
