@@ -190,9 +190,16 @@ impl<S: Strategy> Locker<S> {
     /// }
     /// # Ok(()) }
     /// ```
-    #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let result = match Request::new(&self.engine, key, opts, "") {
+        self.once_for(key, Request::new(&self.engine, key, opts, ""))
+            .await
+    }
+
+    /// One attempt for `req` (or its validation error), counted in the stats: a lock's or
+    /// permits' `acquire`.
+    #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
+    pub(crate) async fn once_for(&self, key: &str, req: Result<Request>) -> Result<LockGuard> {
+        let result = match req {
             Ok(req) => wait::once(&self.engine, &req).await,
             Err(e) => Err(e),
         };
@@ -241,6 +248,13 @@ impl<S: Strategy> Locker<S> {
     /// guard.release().await?;
     /// # Ok(()) }
     /// ```
+    pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let req = Request::new(&self.engine, key, opts, self.strategy.process_id());
+        self.wait_for(key, req).await
+    }
+
+    /// Waits for `req` (or returns its validation error) as the strategy does, counted in the
+    /// stats and traced: a lock's or permits' `acquire_wait`.
     #[tracing::instrument(
         name = "acquire_wait",
         level = "debug",
@@ -253,9 +267,9 @@ impl<S: Strategy> Locker<S> {
             fence = tracing::field::Empty,
         )
     )]
-    pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
+    pub(crate) async fn wait_for(&self, key: &str, req: Result<Request>) -> Result<LockGuard> {
         let start = tokio::time::Instant::now();
-        let result = match Request::new(&self.engine, key, opts, self.strategy.process_id()) {
+        let result = match req {
             Ok(req) => self.strategy.wait(&self.engine, &req).await,
             Err(e) => Err(e),
         };

@@ -130,8 +130,11 @@ impl<S: Strategy> Semaphore<S> {
         self.permits
     }
 
-    fn request(&self, key: &str, weight: u32, opts: &LockOptions, hub: &str) -> Result<Request> {
-        let engine = &self.locker.engine;
+    /// A request for `weight` permits of `key`, its token naming this process (a queued
+    /// locker's, also for a one-shot attempt): the scripts keep the watchers of the key's queue
+    /// out of holders' processes where they can.
+    fn request(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<Request> {
+        let (engine, hub) = (&self.locker.engine, self.locker.strategy.process_id());
         Request::permits(engine, key, opts, hub, self.permits, weight)
     }
 
@@ -146,16 +149,8 @@ impl<S: Strategy> Semaphore<S> {
     /// # Cancel safety
     /// Cancel safe: permits taken by a dropped call are given back in the background.
     pub async fn acquire(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<LockGuard> {
-        let engine = &self.locker.engine;
-        // The token names this process (a queued locker's): the scripts keep the watchers of
-        // the key's queue out of holders' processes where they can.
-        let hub = self.locker.strategy.process_id();
-        let result = match self.request(key, weight, opts, hub) {
-            Ok(req) => crate::wait::once(engine, &req).await,
-            Err(e) => Err(e),
-        };
-        engine.meter.record(key, &result, None);
-        result
+        let req = self.request(key, weight, opts);
+        self.locker.once_for(key, req).await
     }
 
     /// Takes `weight` permits of `key`, waiting up to `opts.wait`, as
@@ -175,14 +170,8 @@ impl<S: Strategy> Semaphore<S> {
         weight: u32,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
-        let (engine, strategy) = (&self.locker.engine, &self.locker.strategy);
-        let start = tokio::time::Instant::now();
-        let result = match self.request(key, weight, opts, strategy.process_id()) {
-            Ok(req) => strategy.wait(engine, &req).await,
-            Err(e) => Err(e),
-        };
-        engine.meter.record(key, &result, Some(start.elapsed()));
-        result
+        let req = self.request(key, weight, opts);
+        self.locker.wait_for(key, req).await
     }
 
     /// Runs `f` holding `weight` permits of `key`, as [`Locker::run`] runs under a lock: waits
@@ -209,8 +198,7 @@ impl<S: Strategy> Semaphore<S> {
         run_under(guard, f).await
     }
 
-    /// What Redis holds for `key`'s permits now (one script call, and one `ZRANGEBYSCORE` for
-    /// the first leases when anyone holds).
+    /// What Redis holds for `key`'s permits now, read in one script call.
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::WrongType`], [`Error::Timeout`] or
     /// [`Error::Redis`].

@@ -43,6 +43,17 @@ pub(crate) fn new_token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A token generated for a caller in process `hub`: a queued locker's start with its process
+/// id (`"<hub>/<uuid>"`), so that the scripts know the holder's process (they keep the two
+/// watchers out of it; see common.lua's header); a polling locker's are a bare uuid.
+fn own_token(hub: &str) -> String {
+    if hub.is_empty() {
+        new_token()
+    } else {
+        format!("{hub}/{}", new_token())
+    }
+}
+
 /// One acquisition request, validated.
 pub(crate) struct Request {
     pub(crate) names: Names,
@@ -64,13 +75,9 @@ impl Request {
     ) -> Result<Request> {
         let plan = opts.validate(key)?;
         let names = engine.names(key)?;
-        // A queued locker's own tokens start with its process id: the scripts then know the
-        // holder's process when waiters queue behind a lock it took free (they keep the two
-        // watchers out of it; see common.lua's header).
         let (token, own_token) = match opts.token() {
             Some(t) => (Arc::from(t), false),
-            None if !hub.is_empty() => (Arc::from(format!("{hub}/{}", new_token())), true),
-            None => (Arc::from(new_token()), true),
+            None => (Arc::from(own_token(hub)), true),
         };
         Ok(Request {
             names,
@@ -113,14 +120,9 @@ impl Request {
             ));
         }
         let names = Names::permits(&engine.prefix, key, limit)?;
-        let id = if hub.is_empty() {
-            new_token()
-        } else {
-            format!("{hub}/{}", new_token())
-        };
         Ok(Request {
             names,
-            token: Arc::from(format!("w{weight}:{id}")),
+            token: Arc::from(format!("w{weight}:{}", own_token(hub))),
             own_token: true,
             plan,
             hub: hub.to_owned(),
