@@ -14,7 +14,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::RedisServer;
+use common::{pct, RedisServer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,26 +26,10 @@ const PROCS: usize = 4;
 const WORKERS: usize = 32;
 const HOLD: Duration = Duration::from_millis(1);
 
-/// Events of one run: (time, is_release) plus each worker's count.
+/// Events of one run: (time, is_release).
 #[derive(Default)]
 struct Log {
     events: Vec<(Instant, bool)>,
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn cpu_seconds() -> f64 {
-    // utime + stime of this process, from /proc (Linux).
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 async fn script_calls(admin: &Client) -> u64 {
@@ -106,13 +90,13 @@ async fn row(server: &RedisServer, name: &str, rw: bool, secs: u64) {
     // Warm up, then measure.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let calls0 = script_calls(&admin).await;
-    let cpu0 = cpu_seconds();
+    let cpu0 = common::cpu_us();
     let start = Instant::now();
     log.lock().unwrap().events.clear();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let elapsed = start.elapsed().as_secs_f64();
     let calls = script_calls(&admin).await - calls0;
-    let cpu = cpu_seconds() - cpu0;
+    let cpu = (common::cpu_us() - cpu0) as f64 / 1e6;
     let events = std::mem::take(&mut log.lock().unwrap().events);
     stop.store(true, Ordering::Relaxed);
     let mut counts = Vec::new();

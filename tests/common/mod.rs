@@ -454,3 +454,27 @@ impl FencedStore {
         ok
     }
 }
+
+/// This process's CPU time (user + system) in µs, from /proc/self/stat (10 ms resolution;
+/// Linux). For the benchmarks.
+pub fn cpu_us() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the name.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    ticks * 10_000 // CLK_TCK = 100 on Linux
+}
+
+/// The `p` quantile (0..=1) of sorted values, the nearest rank; NaN when there are none.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
