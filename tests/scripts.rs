@@ -65,12 +65,15 @@ enum Check {
     Watcher(&'static str, Option<&'static str>),
     /// The fence counter's PTTL in ms is within this range.
     FencePttl(u64, u64),
+    /// A key's PTTL in ms is within this range.
+    Ttl(&'static str, u64, u64),
 }
 
 struct Row {
     name: &'static str,
     /// Commands run before the call; `{now}` is Redis' clock in ms, `{old}` ten seconds ago,
-    /// `{soon}` in five seconds,
+    /// `{soon}` in five seconds, `{future}` in ten minutes (a record made before Redis' clock
+    /// stepped back),
     /// `{queue:N}` adds N waiters of the dead process at the head.
     setup: &'static [&'static str],
     script: &'static str,
@@ -294,7 +297,7 @@ fn rows() -> Vec<Row> {
             checks: &[Get(L, Some("hw1")), Messages(&["aaaaaaaaaaaa: g2 "])],
         },
         Row {
-            name: "acquire by the queue's head itself: taken, out of the queue",
+            name: "acquire by the queue's head itself: taken, out of the queue, the watchers chosen again",
             setup: &[
                 "SET {F} 100_q PX 60000",
                 "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
@@ -309,7 +312,12 @@ fn rows() -> Vec<Row> {
                 ..args("w1")
             },
             reply: "[0, 20000, _]",
-            checks: &[Get(L, Some("qw1")), Queue(&[M_LIVE2]), Messages(&[])],
+            checks: &[
+                Get(L, Some("qw1")),
+                Queue(&[M_LIVE2]),
+                Messages(&["bbbbbbbbbbbb: w2 20000 x1"]),
+                Watcher("!w1", Some(M_LIVE2)),
+            ],
         },
         Row {
             name: "a short grant lapsed: its process is marked x, its waiters skipped and told (d2)",
@@ -395,15 +403,7 @@ fn rows() -> Vec<Row> {
             script: scripts::EXTEND,
             call: args("T"),
             reply: "[1, 100]",
-            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), FencePttl(3_599_000, 3_600_000)],
-        },
-        Row {
-            name: "extend a hold whose fence counter outlived its retention: extended, no fence",
-            setup: &["SET {L} pT PX 500"],
-            script: scripts::EXTEND,
-            call: args("T"),
-            reply: "[1]",
-            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), Get(F, None)],
+            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), FencePttl(3_609_000, 3_610_000)],
         },
         Row {
             name: "extend by another token: not held",
@@ -696,6 +696,203 @@ fn rows() -> Vec<Row> {
             reply: "[0]",
             checks: &[Get(L, None), Get(F, Some("100"))],
         },
+        // Review 2, finding 2: a waiter that took the free lock as the oldest live waiter
+        // (serve's 'self') left a watcher field naming itself, the holder.
+        Row {
+            name: "a waiter taking the free lock as the oldest live waiter chooses the watchers again",
+            setup: &[
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {old}",
+                "HSET {P} !w1 {now}_aaaaaaaaaaaa_20000_w1",
+                "HSET {P} !w2 {now}_bbbbbbbbbbbb_30000_x1",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[0, 10000, _]",
+            checks: &[
+                Get(L, Some("qw1")),
+                Queue(&[M_LIVE2]),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", None),
+                Process("!h", Some(LIVE)),
+            ],
+        },
+        // Review 2, finding 3: the queue's TTL was set only when a new member was added.
+        Row {
+            name: "a waiter queueing again renews the queue and the processes hash",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "PEXPIRE {Q} 1000",
+                "HSET {P} aaaaaaaaaaaa {old}",
+                "PEXPIRE {P} 1000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, _, _, 1]",
+            checks: &[
+                Queue(&[M_LIVE]),
+                Ttl(Q, 3_604_000, 3_605_000),
+                Ttl(P, 3_604_000, 3_605_000),
+            ],
+        },
+        Row {
+            name: "a refresh with waiters queued: queue, processes and fence live the lease and the retention",
+            setup: &[
+                "SET {L} qT PX 500",
+                "SET {F} 100_q PX 500",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "PEXPIRE {Q} 500",
+                "HSET {P} bbbbbbbbbbbb {now}",
+                "PEXPIRE {P} 500",
+            ],
+            script: scripts::EXTEND,
+            call: args("T"),
+            reply: "[1, 100]",
+            checks: &[
+                Pttl(9_900, 10_000),
+                Ttl(Q, 3_609_000, 3_610_000),
+                Ttl(P, 3_609_000, 3_610_000),
+                FencePttl(3_609_000, 3_610_000),
+            ],
+        },
+        Row {
+            name: "a grant with waiters left: the queue lives the grant's lease and the retention",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 500",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "PEXPIRE {Q} 1000",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "PEXPIRE {P} 1000",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Ttl(Q, 3_619_000, 3_620_000),
+                Ttl(P, 3_619_000, 3_620_000),
+                FencePttl(3_619_000, 3_620_000),
+            ],
+        },
+        // Review 2, finding 4: a record in Redis' future counted as fresh.
+        Row {
+            name: "a process record in Redis' future is not fresh: a short grant",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "HSET {P} aaaaaaaaaaaa {future}",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("gw1")),
+                Pttl(1, 500),
+                Messages(&["aaaaaaaaaaaa: g2 "]),
+            ],
+        },
+        // Review 2, section 7: FIFO under a backward step of Redis' clock.
+        Row {
+            name: "a newcomer queues behind a waiter whose score is in Redis' future",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 5000000000000000 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, _, _, 2]",
+            checks: &[Queue(&[M_LIVE2, M_LIVE])],
+        },
+        // Review 2, section 7: fence 0 from `{1}` after the counter expired.
+        Row {
+            name: "acquire by the holder after its fence counter vanished: a fence from Redis' clock",
+            setup: &["SET {L} qT PX 5000"],
+            script: scripts::ACQUIRE,
+            call: args("T"),
+            reply: "[1, _, _]",
+            checks: &[Get(L, Some("qT")), FenceNow(" q")],
+        },
+        Row {
+            name: "extend after the fence counter vanished: a fence from Redis' clock",
+            setup: &["SET {L} pT PX 500"],
+            script: scripts::EXTEND,
+            call: args("T"),
+            reply: "[1, _]",
+            checks: &[FenceNow(""), FencePttl(3_609_000, 3_610_000)],
+        },
+        // Review 2, section 7: the processes hash grew by one field per process that ever
+        // called, on a key that never drains.
+        Row {
+            name: "a new process's record sweeps the records that say nothing",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} bbbbbbbbbbbb {now}",
+                "HSET {P} eeeeeeeeeeee {old}",
+                "HSET {P} ffffffffffff {old}",
+                "HSET {P} cccccccccccc {future}",
+                "HSET {P} dddddddddddd x",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                hub: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, _, _, 2]",
+            checks: &[
+                Process("eeeeeeeeeeee", None),
+                Process("ffffffffffff", None),
+                Process("cccccccccccc", None),
+                Process(DEAD, None),
+                Process(LIVE2, Some("now")),
+                Process(LIVE, Some("now")),
+            ],
+        },
+        // The first review's finding 14: a short grant as long as its waiter's TTL was used
+        // without a confirmation, and its pending hint stayed.
+        Row {
+            name: "a short grant to a waiter whose TTL is within the claim window: half of it, so it confirms",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_400_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {old}",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("gw1")),
+                Pttl(1, 200),
+                FenceNow(" q aaaaaaaaaaaa"),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 200 x1"]),
+            ],
+        },
         Row {
             name: "status: held by a short grant, its fence and queue",
             setup: &[
@@ -721,6 +918,7 @@ fn words(cmd: &str, now_ms: u64) -> Vec<String> {
         .replace("{now}", &now_ms.to_string())
         .replace("{old}", &(now_ms - 10_000).to_string())
         .replace("{soon}", &(now_ms + 5_000).to_string())
+        .replace("{future}", &(now_ms + 600_000).to_string())
         .split(' ')
         .map(|w| w.replace('_', " "))
         .collect()
@@ -899,6 +1097,14 @@ async fn every_transition_of_every_script() {
                     assert!(
                         (*lo as i64..=*hi as i64).contains(&t),
                         "{}: fence PTTL {t}, not in {lo}..={hi}",
+                        row.name
+                    );
+                }
+                Check::Ttl(key, lo, hi) => {
+                    let t: i64 = c.pttl(*key).await.expect("PTTL");
+                    assert!(
+                        (*lo as i64..=*hi as i64).contains(&t),
+                        "{}: {key} PTTL {t}, not in {lo}..={hi}",
                         row.name
                     );
                 }

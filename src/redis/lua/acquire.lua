@@ -14,7 +14,7 @@
 local lock = KEYS[1]
 local cur = redis.call('SET', lock, TAKEN .. TOKEN, 'NX', 'PX', TTL, 'GET')
 if not cur then
-  local ok, f, old = pcall(next_fence, false, nil)
+  local ok, f, old = pcall(next_fence, false, nil, tonumber(TTL))
   if not ok then
     -- WRONGTYPE on the fence key: leave nothing behind.
     redis.call('DEL', lock)
@@ -31,17 +31,22 @@ if not cur then
   if got == 'self' or got == 'empty' then
     local more = redis.call('ZCARD', KEYS[3]) > 0
     if more then
+      -- The caller holds now, with waiters behind it: its process is the holder's, and the
+      -- watchers are chosen again (one of them may be the caller itself, or of its process).
       redis.call('SETRANGE', lock, 0, QUEUED)
       L.held_by(HUB)
+      L.watch(HUB, tonumber(TTL))
+      L.keep(tonumber(TTL))
     else
       redis.call('DEL', KEYS[4])
     end
-    L.fence_flags(more, nil)
+    L.fence_flags(more, nil, nil, tonumber(TTL))
     return {0, tonumber(TTL), f}
   end
   if got == 'more' then
     redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
-    L.fence_flags(true, nil)
+    L.keep(CLAIM)
+    L.fence_flags(true, nil, nil, CLAIM)
     return {4}
   end
   if MEMBER == '' then return {2, px, 0, 1} end
@@ -49,11 +54,21 @@ if not cur then
 end
 if holder_of(cur) == TOKEN then
   local state = state_of(cur)
-  if state == GRANTED then return {3, tonumber(TTL), slow().confirm_grant()} end
+  if state == GRANTED then
+    local L = slow()
+    local f = L.confirm_grant()
+    L.watch(HUB, tonumber(TTL), true)
+    return {3, tonumber(TTL), f}
+  end
   -- A full grant found by its waiter's own call (its message lost, or crossing the call):
   -- claimed now, so that a late message cannot have it given back.
   if state == HANDED then redis.call('SETRANGE', lock, 0, QUEUED) end
-  return {1, redis.call('PTTL', lock), (fence_parse(redis.call('GET', KEYS[2])))}
+  local pttl = redis.call('PTTL', lock)
+  local fv = redis.call('GET', KEYS[2])
+  -- The counter is gone only if something deleted it (it outlives every lease): started again
+  -- from Redis' clock, never 0.
+  if not fv then return {1, pttl, slow().fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
+  return {1, pttl, (fence_parse(fv))}
 end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then

@@ -76,39 +76,53 @@ local function fence_text(f, queued, hub)
 end
 
 -- Takes the next fence: max(previous + 1, Redis TIME in microseconds), written with the given
--- hints and the retention. Returns the fence and the previous value.
-local function next_fence(queued, hub)
+-- hints, for the lease `px` just set plus the retention (the counter, and its hints, outlive
+-- every lease: a lock held longer than the retention keeps its fence and its 'q'). Returns the
+-- fence and the previous value.
+local function next_fence(queued, hub, px)
   local f = now_us()
-  local old = redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', RETAIN, 'GET')
+  local life = tonumber(RETAIN) + px
+  local old = redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', life, 'GET')
   local prev = fence_parse(old)
   if prev >= f then
     f = prev + 1
-    redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', RETAIN)
+    redis.call('SET', KEYS[2], fence_text(f, queued, hub), 'PX', life)
   end
   return f, old
 end
 
 -- The slow paths' functions, created only when a call needs one (Redis runs the whole script
--- body on every call, and creating a dozen closures there costs the fast paths ~15%).
+-- body on every call, and creating a dozen closures there costs the fast paths ~15%), once.
+local slow_fns
 local function slow()
+  if slow_fns then return slow_fns end
   local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   -- A queue scan looks at this many heads at most (bounded script time, however long the
   -- queue); a release that finds only departed waiters among them says 'continue'.
   local SCAN = 200
   local LAPSED = 'x'
 
-  -- Rewrites the fence hints, keeping the number and the TTL. A missing counter is started at
+  -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
+  -- set) says it must last that lease plus the retention. A missing counter is started at
   -- Redis TIME (never 0: a fence is always above every earlier one). Returns the fence.
-  local function fence_flags(queued, hub, old)
+  local function fence_flags(queued, hub, old, px)
     if old == nil then old = redis.call('GET', fkey) end
     local f, q0, h = fence_parse(old)
-    if old and q0 == queued and h == hub then return f end
+    local life = px and (tonumber(RETAIN) + px)
+    if old and q0 == queued and h == hub then
+      if life then redis.call('PEXPIRE', fkey, life) end
+      return f
+    end
     if old then
-      redis.call('SET', fkey, fence_text(f, queued, hub), 'KEEPTTL')
+      if life then
+        redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', life)
+      else
+        redis.call('SET', fkey, fence_text(f, queued, hub), 'KEEPTTL')
+      end
       return f
     end
     f = now_us()
-    redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', RETAIN)
+    redis.call('SET', fkey, fence_text(f, queued, hub), 'PX', life or RETAIN)
     return f
   end
 
@@ -142,17 +156,65 @@ local function slow()
     return string.match(m, '^(%S+) (%d+) (.*)$')
   end
 
+  -- Puts MEMBER at the back of the queue, once. Its score is Redis' clock in microseconds, but
+  -- never below the last member's (+1): after the clock steps back, a newcomer still queues
+  -- behind every waiter already there (FIFO).
+  local function add_member()
+    if redis.call('ZADD', q, 'NX', now_us(), MEMBER) == 1 then
+      local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+      if last[1] ~= MEMBER then
+        redis.call('ZADD', q, 'XX', tonumber(last[2]) + 1, MEMBER)
+      end
+    end
+  end
+
   -- The processes hash outlives its queue by the retention at most: a write that (re)creates
   -- it after it expired, while its queue lived on, gives it the retention again.
   local function retain()
     if redis.call('PTTL', pkey) == -1 then redis.call('PEXPIRE', pkey, RETAIN) end
   end
 
+  -- The queue and the processes hash live while waiters wait: every queueing attempt, and
+  -- every call that sets the lock's lease (`px` ms from now) while waiters may be queued,
+  -- gives them that lease plus the retention (an expiry set only when a member is added would
+  -- let a long wait lose its queue: nobody would be granted, nobody told).
+  local function keep(px)
+    local life = tonumber(RETAIN) + math.max(px, 0)
+    redis.call('PEXPIRE', q, life)
+    redis.call('PEXPIRE', pkey, life)
+  end
+
+  -- A process record says when its process last called (ms). A record that is not fresh
+  -- (older than the presence window, or in Redis' future after a clock step) means the same
+  -- as none, so `seen` drops a few of them whenever it adds a field: a key that never drains
+  -- does not keep one field per process that ever called. A lapsed process's 'x' goes once
+  -- nobody listens for it (it died).
+  local SWEEP = 8
+  local function sweep(now_ms)
+    local r = redis.call('HRANDFIELD', pkey, SWEEP, 'WITHVALUES')
+    local stale = {}
+    for i = 1, #r, 2 do
+      local field, v = r[i], r[i + 1]
+      if string.sub(field, 1, 1) ~= '!' then
+        local t = tonumber(v)
+        if t then
+          local d = now_ms - t
+          if d < 0 or d > PRESENCE then stale[#stale + 1] = field end
+        elseif v == LAPSED and not listener(field) then
+          stale[#stale + 1] = field
+        end
+      end
+    end
+    if #stale > 0 then redis.call('HDEL', pkey, unpack(stale)) end
+  end
+
   -- Process `hub` called on this key now.
   local function seen(hub)
     if hub == '' then return end
-    if redis.call('HSET', pkey, hub, math.floor(now_us() / 1000)) == 1 then
+    local now_ms = math.floor(now_us() / 1000)
+    if redis.call('HSET', pkey, hub, now_ms) == 1 then
       redis.call('PEXPIRE', pkey, RETAIN)
+      sweep(now_ms)
     end
   end
 
@@ -172,9 +234,12 @@ local function slow()
     local rec = redis.call('HGET', pkey, hub)
     k.lapsed = rec == LAPSED
     k.how = (not k.lapsed) and listener(hub) or nil
+    -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
+    -- clock is behind) says nothing of the process: not fresh.
+    local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
     if not k.how then
       k.is = 'gone'
-    elseif rec and (now_us() / 1000 - tonumber(rec)) <= PRESENCE then
+    elseif d and d >= 0 and d <= PRESENCE then
       k.is = 'fresh'
     else
       k.is = 'stale'
@@ -284,8 +349,8 @@ local function slow()
     end
     if not mine then return 0 end
     if pttl < 0 then pttl = 0 end
+    -- (The hash's expiry is the caller's: `enqueue` keeps it.)
     redis.call('HSET', pkey, WATCHERS[mine], string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
-    retain()
     return 1
   end
 
@@ -318,16 +383,23 @@ local function slow()
         redis.call('ZREM', q, unpack(drop))
         local full = p.is == 'fresh'
         local px = tonumber(ttl)
-        if not full then px = math.min(px, CLAIM) end
+        if not full then
+          -- A short grant is always shorter than its waiter's TTL, so that its waiter always
+          -- confirms it (a TTL within the claim window gets half of it): one left unconfirmed
+          -- would keep naming its process as pending, which a later lapse would mark 'x'.
+          if px > CLAIM then px = CLAIM else px = math.max(1, math.floor(px / 2)) end
+        end
         local more = redis.call('ZCARD', q) > 0
         local pending = nil
         if more and not full then pending = hub end
-        local f = next_fence(more, pending)
+        local f = next_fence(more, pending, px)
         local state = full and HANDED or GRANTED
         redis.call('SET', lock, state .. token, 'PX', px)
         redis.call('HSET', pkey, '!h', hub)
         grant(p.how, hub, f, px, token)
         watch(hub, px)
+        -- (The hash may be new here: it gets an expiry either way.)
+        if more then keep(px) else retain() end
         return 'granted', px
       end
     end
@@ -345,6 +417,7 @@ local function slow()
       if r == 'granted' then return 2 end
       if r == 'more' then
         redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
+        keep(CLAIM)
         return 4
       end
       fence_flags(false, nil)
@@ -361,7 +434,8 @@ local function slow()
     local old = redis.call('GET', fkey)
     local _, queued = fence_parse(old)
     seen(HUB)
-    return fence_flags(queued, nil, old or false)
+    if queued then keep(tonumber(TTL)) end
+    return fence_flags(queued, nil, old or false, tonumber(TTL))
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
@@ -370,21 +444,22 @@ local function slow()
   -- queue's length now, the caller included).
   local function enqueue(pttl)
     seen(HUB)
-    local added = redis.call('ZADD', q, 'NX', now_us(), MEMBER)
-    if added == 1 then redis.call('PEXPIRE', q, RETAIN) end
+    add_member()
     local old = redis.call('GET', fkey)
     local _, queued, pending = fence_parse(old)
     local f = fence_flags(true, pending, old or false)
     local listening = 0
     if listener(HUB) then listening = 1 end
-    return {2, pttl, 1, listening, f, watching(pttl), now_us(), redis.call('ZCARD', q)}
+    local watcher = watching(pttl)
+    keep(pttl)
+    return {2, pttl, 1, listening, f, watcher, now_us(), redis.call('ZCARD', q)}
   end
 
-  -- Process `hub` holds the lock now ('' = unknown).
+  -- Process `hub` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
+  -- queue is behind the lock, which `keep` gives it.)
   local function held_by(hub)
     if hub ~= '' then
       redis.call('HSET', pkey, '!h', hub)
-      retain()
     else
       redis.call('HDEL', pkey, '!h')
     end
@@ -395,10 +470,12 @@ local function slow()
     return redis.call('HGET', pkey, '!h') or ''
   end
 
-  return {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
+  slow_fns = {serve = serve, release_held = release_held, confirm_grant = confirm_grant,
     enqueue = enqueue, fence_flags = fence_flags, seen = seen, lapse = lapse,
-    watch = watch, held_by = held_by, holder_hub = holder_hub,
+    watch = watch, held_by = held_by, holder_hub = holder_hub, keep = keep,
+    add_member = add_member,
     -- The permit scripts' queue (permits.lua) uses these too.
     watching = watching, process = process, grant = grant, listener = listener,
     split_member = split_member}
+  return slow_fns
 end

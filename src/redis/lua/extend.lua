@@ -1,8 +1,7 @@
 -- Model: `Queue::extend` in model/src/lib.rs mirrors this script (change both together).
 -- Extend: the full TTL again if TOKEN holds the lock; the lock's watchers are told when the
 -- lease now ends (they make no call while it is refreshed). Reply {0} not held; {1, fence}
--- extended ({1} when the fence counter is gone: only after the retention); {3, fence} a short
--- grant confirmed. The fence is the hold's, as Redis has it: a caller's copy (a grant
+-- extended; {3, fence} a short grant confirmed. The fence is the hold's, as Redis has it: a caller's copy (a grant
 -- message's, an attempt's) may be older.
 local cur = redis.call('GET', KEYS[1])
 if not cur or holder_of(cur) ~= TOKEN then return {0} end
@@ -15,9 +14,17 @@ if state == GRANTED then
 end
 if state == HANDED then redis.call('SETRANGE', KEYS[1], 0, QUEUED) end
 redis.call('PEXPIRE', KEYS[1], TTL)
--- The fence counter lives on with the lock (it also says whether waiters may be queued).
-local fv = redis.call('GETEX', KEYS[2], 'PX', RETAIN)
--- The watchers skip the holder's (the caller's) process.
-if state ~= TAKEN then slow().watch(HUB, tonumber(TTL), true) end
-if not fv then return {1} end
+-- The fence counter lives on with the lock, the lease and the retention (it also says whether
+-- waiters may be queued).
+local fv = redis.call('GETEX', KEYS[2], 'PX', tonumber(RETAIN) + tonumber(TTL))
+local L = nil
+if state ~= TAKEN then
+  -- The queue lives as long as the lease and the retention, and the watchers (who skip the
+  -- holder's process, the caller's) are told when the lease now ends.
+  L = slow()
+  L.watch(HUB, tonumber(TTL), true)
+  L.keep(tonumber(TTL))
+end
+-- The counter is gone only if something deleted it: started again from Redis' clock, never 0.
+if not fv then return {1, (L or slow()).fence_flags(state ~= TAKEN, nil, false, tonumber(TTL))} end
 return {1, (fence_parse(fv))}

@@ -60,9 +60,13 @@ if MEMBER == '' then
 end
 L = L or slow()
 L.seen(HUB)
-if redis.call('ZADD', PQ, 'NX', now_us(), MEMBER) == 1 then redis.call('PEXPIRE', PQ, RETAIN) end
+L.add_member()
 local listening = 0
 if L.listener(HUB) then listening = 1 end
 local watching = L.watching(pttl, holding())
 settle(s)
+-- The queue lives while waiters wait (see `keep`): as long as the last lease, and the
+-- retention after it.
+local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
+L.keep(last[2] and (tonumber(last[2]) - now_ms()) or 0)
 return {2, pttl, 1, listening, s.fence, watching, now_us(), redis.call('ZCARD', PQ)}

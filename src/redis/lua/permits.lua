@@ -38,7 +38,24 @@ local function weight_of(token)
   return tonumber(string.match(token, '^w(%d+):'))
 end
 
-local function now_ms() return math.floor(now_us() / 1000) end
+-- Redis time in ms, on the clock the leases were written by. The leases are Redis times (the
+-- holders' scores), and the holders key expires at the last one (`settle`), so "now" is the
+-- last lease's end less the key's PTTL. MIGRATE moves a key's TTL as the time left (as it does
+-- a lock's PX), so the leases keep their length on a node whose clock is ahead or behind;
+-- without holders, Redis' own clock (a failover to a replica writes expiries as absolute
+-- times, so there the leases run on the replica's clock, as a lock's PX does).
+local clock
+local function now_ms()
+  if not clock then
+    clock = math.floor(now_us() / 1000)
+    local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
+    if last[2] then
+      local left = redis.call('PTTL', HOLDERS)
+      if left >= 0 then clock = tonumber(last[2]) - left end
+    end
+  end
+  return clock
+end
 
 -- The key's state: {fence, limit (nil: none recorded), used}.
 local function state()
@@ -137,10 +154,13 @@ local function settle(s)
   local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
   local keep = tonumber(RETAIN)
   if last[2] then
-    local ends = tonumber(last[2])
-    redis.call('PEXPIREAT', HOLDERS, ends)
-    redis.call('PEXPIREAT', FENCES, ends)
-    keep = math.max(keep, ends - now_ms() + 1000)
+    -- As time left, not as a Redis time: see `now_ms`.
+    local left = tonumber(last[2]) - now_ms()
+    redis.call('PEXPIRE', HOLDERS, left)
+    redis.call('PEXPIRE', FENCES, left)
+    keep = math.max(keep, left + 1000)
+    -- The queue lives while a lease runs, and the retention after it (see `keep`).
+    if redis.call('EXISTS', PQ) == 1 then slow().keep(left) end
   else
     s.used = 0
   end
