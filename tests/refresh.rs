@@ -376,3 +376,102 @@ async fn a_lock_that_vanished_during_the_section_is_expired_at_its_end() {
     );
     assert_eq!(locker.stats().late_releases, 0);
 }
+
+/// Review 2, finding 1: `extend` to a shorter TTL shortened Redis' lease while the guard kept
+/// its longer `valid_until`, so a second holder took the key while both guards read valid.
+/// Now the guard follows: valid until the send plus the new TTL (less the margin), and once
+/// Redis let the key go, the first guard's validity has passed.
+#[tokio::test]
+async fn a_shorter_extend_shortens_the_guards_validity() {
+    let (_s, client, a) = setup().await;
+    let b = Locker::new(client.clone());
+    let opts = LockOptions::new().with_ttl(Duration::from_secs(10));
+    let mut ga = a.acquire("shorter", &opts).await.expect("a acquires");
+    let sent = Instant::now();
+    ga.extend(Duration::from_millis(300)).await.expect("extend");
+    let left = ga.valid_until().saturating_duration_since(Instant::now());
+    assert!(
+        ga.valid_until() <= sent + Duration::from_millis(300),
+        "after extend(300 ms) the guard says valid for {left:?} more"
+    );
+    let pttl: i64 = client.pttl(lock_key("shorter")).await.expect("PTTL");
+    assert!(pttl <= 300, "Redis holds it {pttl} ms");
+    // Wait for Redis to let it go (the event, not a clock), then B takes it.
+    let gb = loop {
+        match b.acquire("shorter", &opts).await {
+            Ok(g) => break g,
+            Err(Error::Locked { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("b: {e}"),
+        }
+    };
+    assert!(
+        ga.valid_until() <= Instant::now(),
+        "two valid holders: a's guard says valid for {:?} more, b holds fence {}",
+        ga.valid_until().saturating_duration_since(Instant::now()),
+        gb.fence()
+    );
+    gb.release().await.expect("b releases");
+}
+
+/// The same for a semaphore of one permit: a shorter `extend` of the permit's lease counts in
+/// the guard, so the weight of guards that read valid never exceeds the permits.
+#[tokio::test]
+async fn a_shorter_extend_of_a_permit_shortens_the_guards_validity() {
+    let (_s, client, a) = setup().await;
+    let b = Locker::new(client);
+    let opts = LockOptions::new().with_ttl(Duration::from_secs(10));
+    let (sa, sb) = (
+        a.semaphore(1).expect("semaphore"),
+        b.semaphore(1).expect("semaphore"),
+    );
+    let mut ga = sa.acquire("shorter-permit", 1, &opts).await.expect("a");
+    let sent = Instant::now();
+    ga.extend(Duration::from_millis(300)).await.expect("extend");
+    assert!(ga.valid_until() <= sent + Duration::from_millis(300));
+    let gb = loop {
+        match sb.acquire("shorter-permit", 1, &opts).await {
+            Ok(g) => break g,
+            Err(Error::Locked { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("b: {e}"),
+        }
+    };
+    assert!(
+        ga.valid_until() <= Instant::now(),
+        "two valid holders of one permit: a's guard says valid for {:?} more",
+        ga.valid_until().saturating_duration_since(Instant::now())
+    );
+    gb.release().await.expect("b releases");
+}
+
+/// A keep-alive racing user `extend`s of other TTLs, shorter and longer: whatever the order
+/// Redis ran them in, the guard never says valid for longer than Redis holds the key. (With
+/// the refresher's TTL read at its loop's start and the larger deadline kept, a refresh sent
+/// after a longer extend shortened Redis' lease behind the guard.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_racing_extends_never_outruns_redis() {
+    let (_s, client, locker) = setup().await;
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_millis(400))
+        .with_refresh_ratio(0.05);
+    let mut g = locker.acquire("race", &opts).await.expect("acquire");
+    let lost = g.keep_alive();
+    let ttls = [5_000u64, 400, 3_000, 300, 8_000, 350];
+    for i in 0..120 {
+        let ttl = Duration::from_millis(ttls[i % ttls.len()]);
+        g.extend(ttl).await.expect("extend");
+        // Whatever ran last in Redis: the guard's deadline is never past Redis' expiry. Read
+        // the deadline first; Redis' expiry can only move later meanwhile (the refresher sends
+        // the TTL of the last extend, from a later time).
+        let valid_until = g.valid_until();
+        let pttl: i64 = client.pttl(lock_key("race")).await.expect("PTTL");
+        let expiry = Instant::now() + Duration::from_millis(pttl.max(0) as u64 + 1);
+        assert!(
+            valid_until <= expiry,
+            "round {i}: the guard says valid {:?} past Redis' expiry (PTTL {pttl} ms after extend({ttl:?}))",
+            valid_until - expiry
+        );
+        tokio::time::sleep(Duration::from_millis((i % 7) as u64)).await;
+    }
+    assert!(!lost.is_cancelled(), "lost: {:?}", g.loss());
+    g.release().await.expect("release");
+}

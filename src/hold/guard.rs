@@ -92,7 +92,14 @@ impl LockGuard {
     /// carried over to our clock from the waiter's own last queueing call), plus that lease,
     /// minus a drift margin of 1% of it plus 2 ms. When `acquire_wait` returns it is the TTL
     /// asked for, less that margin and the time the call's reply (or the grant) took to
-    /// arrive: see `docs/design.md`, "The lease at return".
+    /// arrive: see `docs/design.md`, "The lease at return". It follows every refresh and
+    /// [`extend`](Self::extend), and never exceeds what Redis was last told for the token
+    /// (a call whose outcome is unknown counts as sent).
+    ///
+    /// It is a `tokio::time::Instant` (the monotonic clock): a host suspended to RAM, or a VM
+    /// paused, does not advance it, so after such a pause the guard still reads valid for the
+    /// rest of its lease while Redis' own clock went on. Only the fence protects a resource
+    /// across that (see `docs/design.md`, "Failure model").
     pub fn valid_until(&self) -> Instant {
         self.lease.lock().valid_until
     }
@@ -103,31 +110,42 @@ impl LockGuard {
         self.lease.lock().lost
     }
 
-    /// Sets the lock's remaining TTL to `ttl`, if this guard's token still holds it.
+    /// Sets the lock's remaining TTL to `ttl`, shorter or longer than before, if this guard's
+    /// token still holds it; the keep-alive (if running) refreshes with `ttl` from then on.
+    ///
+    /// [`valid_until`](Self::valid_until) follows: from the moment the call is sent it is cut
+    /// to what `ttl` gives (the send time plus `ttl`, less the drift margin), and once Redis
+    /// confirms, it is exactly that, earlier or later than before. A call that fails or times
+    /// out may still run later, so its cut stays until a later call is confirmed. Calls that
+    /// set the lease (this and the keep-alive's refreshes) go out one at a time: `extend`
+    /// waits for a refresh in flight.
     ///
     /// Errors: [`Error::NotHeld`] when the token no longer holds the key (it is then marked
     /// lost), [`Error::InvalidOptions`] for a bad TTL, or a Redis error.
     ///
     /// # Cancel safety
-    /// Cancel safe: the extend script is idempotent; a dropped call leaves the TTL either
-    /// extended or as it was.
+    /// Cancel safe: the extend script is idempotent; a dropped call leaves the TTL either set
+    /// or as it was, and the guard's validity counts it as possibly set.
     #[tracing::instrument(name = "extend", level = "debug", skip_all, fields(key = %self.names.key))]
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let ttl_ms = check_ttl(&self.names.key, ttl)?;
-        let sent_at = Instant::now();
+        let ttl = Duration::from_millis(ttl_ms);
         let call = Call {
             ttl_ms,
             hub: &self.hub,
             ..Call::new(&self.names, &self.token)
         };
         let client = self.engine.backend.client_for(&self.token);
+        let lease = Arc::clone(&self.lease);
+        let _turn = lease.turn().await;
+        let sent_at = lease.sending(ttl, true);
         if self
             .engine
             .extend_on(client, &call, self.engine.command_timeout)
             .await?
             != Extended::NotHeld
         {
-            self.lease.renewed(sent_at, Duration::from_millis(ttl_ms));
+            lease.renewed(sent_at, ttl);
             Ok(())
         } else {
             if self.loss().is_none() {

@@ -43,44 +43,123 @@ impl Hold {
 }
 
 pub(crate) struct LeaseState {
-    /// The TTL the lock was asked for (what every refresh sets).
+    /// The TTL every refresh sets: the one asked for, or the latest `extend`'s.
     pub(crate) ttl: Duration,
-    /// When the current lease started, at the latest (the send time of its command).
+    /// When the lease of the latest call that Redis confirmed started, at the latest (that
+    /// call's send time).
     pub(crate) since: Instant,
+    /// The validity deadline of that lease.
+    confirmed: Instant,
+    /// The earliest validity deadline among the calls sent since, whose outcome is not known
+    /// (in flight, timed out, dropped): each may still run, and set a shorter lease.
+    pending: Option<Instant>,
+    /// `confirmed`, cut to `pending`: never later than what Redis was last told for the token.
     pub(crate) valid_until: Instant,
     pub(crate) lost: Option<LossReason>,
 }
 
+impl LeaseState {
+    fn settle(&mut self) {
+        self.valid_until = match self.pending {
+            Some(p) => self.confirmed.min(p),
+            None => self.confirmed,
+        };
+    }
+}
+
 /// Shared by a guard and its background task.
-pub(crate) struct Lease(Mutex<LeaseState>);
+///
+/// **The rule.** A guard's validity never exceeds what Redis was last told for its token. The
+/// calls that set the lease (the keep-alive's refreshes and `LockGuard::extend`, with any TTL,
+/// shorter or longer) go out one at a time (`turn`), on the token's one client, so Redis runs
+/// them in the order they were sent; a call whose outcome is unknown still runs before any
+/// later one, or never. So the lease is the latest confirmed call's (its send time plus its
+/// TTL, less the margin), cut by every call sent after it that may still run; a confirmation
+/// settles every call sent before it.
+pub(crate) struct Lease {
+    state: Mutex<LeaseState>,
+    /// One lease-setting call at a time.
+    turn: tokio::sync::Mutex<()>,
+    /// Bumped whenever the validity changes (the refresher sleeps until it, or a change).
+    changed: tokio::sync::watch::Sender<()>,
+}
 
 impl Lease {
     pub(crate) fn new(ttl: Duration, hold: &Hold) -> Lease {
-        Lease(Mutex::new(LeaseState {
-            ttl,
-            since: hold.since,
-            valid_until: hold.valid_until,
-            lost: None,
-        }))
+        Lease {
+            state: Mutex::new(LeaseState {
+                ttl,
+                since: hold.since,
+                confirmed: hold.valid_until,
+                pending: None,
+                valid_until: hold.valid_until,
+                lost: None,
+            }),
+            turn: tokio::sync::Mutex::new(()),
+            changed: tokio::sync::watch::Sender::new(()),
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, LeaseState> {
         // A panic while holding this lock cannot leave the plain data inconsistent.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A refresh (or confirmation) sent at `sent_at` set the PX to `ttl`.
+    /// Waits for this lease's turn to send a call that sets it (held until the call's outcome
+    /// is known, or the call is abandoned).
+    pub(crate) async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
+    }
+
+    /// A call that sets the lease to `ttl` is sent now (with the turn held): until Redis
+    /// confirms it, the validity is cut to what it would give. With `new_ttl` (a user's
+    /// `extend`), later refreshes set `ttl` too. Returns the send time.
+    pub(crate) fn sending(&self, ttl: Duration, new_ttl: bool) -> Instant {
+        let sent_at = Instant::now();
+        let mut s = self.lock();
+        if new_ttl {
+            s.ttl = ttl;
+        }
+        let d = validity_deadline(sent_at, ttl);
+        s.pending = Some(s.pending.map_or(d, |p| p.min(d)));
+        let before = s.valid_until;
+        s.settle();
+        let moved = s.valid_until != before;
+        drop(s);
+        if moved {
+            self.changed.send_replace(());
+        }
+        sent_at
+    }
+
+    /// Redis confirmed the call sent at `sent_at` (the latest sent: the turn was held), which
+    /// set the PX to `ttl`: the lease is that call's, shorter or longer than before.
     pub(crate) fn renewed(&self, sent_at: Instant, ttl: Duration) {
         let mut s = self.lock();
-        if s.lost.is_none() {
-            s.ttl = ttl;
-            s.since = s.since.max(sent_at);
-            s.valid_until = s.valid_until.max(validity_deadline(sent_at, ttl));
+        if s.lost.is_some() {
+            return;
         }
+        s.since = sent_at;
+        s.confirmed = validity_deadline(sent_at, ttl);
+        s.pending = None;
+        s.settle();
+        drop(s);
+        self.changed.send_replace(());
     }
 
+    /// The lock is judged lost: its validity ends now (if it had not ended), for good.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
-        self.lock().lost.get_or_insert(reason);
+        let mut s = self.lock();
+        s.lost.get_or_insert(reason);
+        s.confirmed = s.confirmed.min(Instant::now());
+        s.settle();
+        drop(s);
+        self.changed.send_replace(());
+    }
+
+    /// A receiver that sees every later change of the validity.
+    fn watch(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     /// When the next refresh is due: `ratio` of the TTL after the last one; `None` when
@@ -134,16 +213,17 @@ impl Refresher {
 
     async fn run(self) {
         let mut retry_at: Option<Instant> = None;
+        let mut changes = self.lease.watch();
         loop {
-            let (valid_until, ttl) = {
-                let s = self.lease.lock();
-                (s.valid_until, s.ttl)
-            };
+            changes.borrow_and_update();
+            let valid_until = self.lease.lock().valid_until;
             let next = retry_at.or_else(|| self.lease.next_refresh(self.ratio));
             let refreshing = next.is_some();
             tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => return,
+                // The validity moved (a user's `extend`, shorter or longer): judge it again.
+                _ = changes.changed() => continue,
                 _ = sleep_until(valid_until) => {
                     if self.lease.lock().valid_until > Instant::now() {
                         continue; // extended meanwhile by `LockGuard::extend`
@@ -156,7 +236,16 @@ impl Refresher {
             let Some(engine) = self.engine.upgrade() else {
                 return;
             };
-            let sent_at = Instant::now();
+            // One lease-setting call at a time (see `Lease`): a user's `extend` may be in
+            // flight. The TTL is read once the turn is ours: the latest `extend`'s.
+            let turn = tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return,
+                t = self.lease.turn() => t,
+            };
+            let ttl = self.lease.lock().ttl;
+            let sent_at = self.lease.sending(ttl, false);
+            let valid_until = self.lease.lock().valid_until;
             let limit = engine
                 .command_timeout
                 .min(valid_until.saturating_duration_since(sent_at))
@@ -204,12 +293,17 @@ impl Refresher {
                     if let Some(engine) = self.engine.upgrade() {
                         crate::metrics::refresh_failed(&engine.meter, &self.names.key);
                     }
-                    let left = valid_until.saturating_duration_since(Instant::now());
+                    let left = self
+                        .lease
+                        .lock()
+                        .valid_until
+                        .saturating_duration_since(Instant::now());
                     let retry = (left / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
                     tracing::warn!(key = %self.names.key, error = %e, ?retry, "refresh failed; retrying");
                     retry_at = Some(Instant::now() + retry);
                 }
             }
+            drop(turn);
         }
     }
 }
@@ -229,7 +323,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn validity_counts_from_the_send_and_never_goes_back() {
+    async fn validity_follows_the_latest_confirmed_call() {
         let t0 = Instant::now();
         let ttl = MS * 1000;
         let hold = Hold::sent(7, t0, ttl);
@@ -238,25 +332,78 @@ mod tests {
         assert_eq!(validity_deadline(t0, MS), t0);
         let lease = Lease::new(ttl, &hold);
         tokio::time::advance(MS * 500).await;
-        lease.renewed(Instant::now(), ttl);
+        let sent = lease.sending(ttl, false);
+        lease.renewed(sent, ttl);
         assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
         assert_eq!(lease.lock().since, t0 + MS * 500);
-        // A reply that arrives late for an older refresh moves nothing back.
-        lease.renewed(t0 + MS * 100, ttl);
-        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
-        assert_eq!(lease.lock().since, t0 + MS * 500);
-        // Nor does a shorter TTL set by `extend`.
-        lease.renewed(Instant::now(), MS * 100);
-        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        // A shorter TTL set by `extend` shortens it (Redis now holds the lock that long), from
+        // the moment it is sent, and it is the new TTL of later refreshes.
+        tokio::time::advance(MS * 10).await;
+        let sent = lease.sending(MS * 100, true);
+        assert_eq!(
+            lease.lock().valid_until,
+            t0 + MS * 607,
+            "cut at the send: 510 + 100 - 3"
+        );
+        lease.renewed(sent, MS * 100);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 607);
+        assert_eq!(lease.lock().ttl, MS * 100);
+        // A longer one lengthens it, once confirmed (not before: it may not run).
+        let sent = lease.sending(MS * 5000, true);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 607);
+        lease.renewed(sent, MS * 5000);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 5458);
         // The next refresh is due `ratio` of the TTL after the last one; none with refresh off.
         assert_eq!(lease.next_refresh(0.0), None);
-        assert_eq!(lease.next_refresh(0.5), Some(t0 + MS * 550));
-        // Once lost, a lease is never renewed again, and the first reason stays.
+        assert_eq!(lease.next_refresh(0.5), Some(t0 + MS * 3010));
+        // Once lost, its validity has ended and is never renewed again; the first reason
+        // stays.
         lease.mark_lost(LossReason::TokenGone);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 510);
         lease.mark_lost(LossReason::Unreachable);
-        lease.renewed(Instant::now() + MS * 1000, ttl);
-        assert_eq!(lease.lock().valid_until, t0 + MS * 1488);
+        let sent = lease.sending(ttl, false);
+        lease.renewed(sent, ttl);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 510);
         assert_eq!(lease.lock().lost, Some(LossReason::TokenGone));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_of_unknown_outcome_cuts_the_validity_until_a_later_one_is_confirmed() {
+        let t0 = Instant::now();
+        let lease = Lease::new(MS * 10_000, &Hold::sent(1, t0, MS * 10_000));
+        assert_eq!(lease.lock().valid_until, t0 + MS * 9898);
+        // extend(300 ms) times out: it may still run, so the guard counts it as run.
+        tokio::time::advance(MS * 100).await;
+        let _lost = lease.sending(MS * 300, true);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 395);
+        // A refresh (now of 300 ms) that also fails changes nothing for the better.
+        tokio::time::advance(MS * 100).await;
+        let _failed = lease.sending(MS * 300, false);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 395);
+        // A later extend(10 s) confirmed: every earlier call ran before it, or never will.
+        tokio::time::advance(MS * 100).await;
+        let sent = lease.sending(MS * 10_000, true);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 395);
+        lease.renewed(sent, MS * 10_000);
+        assert_eq!(lease.lock().valid_until, t0 + MS * 10_198);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lease_setting_calls_take_turns() {
+        let lease = Arc::new(Lease::new(
+            MS * 1000,
+            &Hold::sent(1, Instant::now(), MS * 1000),
+        ));
+        let first = lease.turn().await;
+        let l2 = Arc::clone(&lease);
+        let second = tokio::spawn(async move {
+            let _t = l2.turn().await;
+            Instant::now()
+        });
+        tokio::time::advance(MS * 50).await;
+        let released_at = Instant::now();
+        drop(first);
+        assert_eq!(second.await.expect("joins"), released_at);
     }
 
     fn refresher(ratio: f64, hold: &Hold) -> (Refresher, Arc<Lease>, CancellationToken) {
@@ -293,9 +440,29 @@ mod tests {
         let (r, lease, lost) = refresher(0.0, &hold);
         let task = tokio::spawn(r.run());
         tokio::time::advance(MS * 900).await;
-        lease.renewed(Instant::now(), MS * 1000);
+        let sent = lease.sending(MS * 1000, true);
+        lease.renewed(sent, MS * 1000);
         lost.cancelled().await;
         assert_eq!(Instant::now(), t0 + MS * 1888);
+        task.await.expect("the refresher ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_extend_meanwhile_brings_the_loss_forward() {
+        let t0 = Instant::now();
+        let hold = Hold::sent(1, t0, MS * 1000);
+        let (r, lease, lost) = refresher(0.0, &hold);
+        let task = tokio::spawn(r.run());
+        tokio::time::advance(MS * 100).await;
+        let sent = lease.sending(MS * 200, true);
+        lease.renewed(sent, MS * 200);
+        lost.cancelled().await;
+        assert_eq!(
+            Instant::now(),
+            t0 + MS * 296,
+            "100 + 200 - 4: not at the old 988"
+        );
+        assert_eq!(lease.lock().lost, Some(LossReason::TtlElapsed));
         task.await.expect("the refresher ends");
     }
 
