@@ -219,6 +219,19 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     survivor.send("wait survivor");
     queued(&locker, &key, n + 1).await?;
     doomed.kill();
+    // The bound is for a process whose death Redis has seen: its subscriber connection
+    // closed, so nobody listens on its grant channel. Killing the process only starts that:
+    // on a busy machine Redis may read the close after the release, and then counts the dead
+    // process as alive (a full grant to a process seen within the presence window: its TTL,
+    // as a process frozen at the release). Wait for the event.
+    let admin = common::client_for(url).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::listeners(&admin, &key).await > 1 {
+        if Instant::now() > deadline {
+            return Err("Redis still counts the killed process's subscriber after 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
@@ -233,6 +246,207 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     }
     Ok(format!(
         "{n} waiters killed: the next live waiter held the lock {after:.2} ms after the release"
+    ))
+}
+
+/// Review 2, finding 2. A holder (a polling locker's) that never releases; waiters A, B and C
+/// of three processes queue in that order, A and B the lock's watchers. B freezes. At the
+/// holder's lease end A looks and takes the free lock as the oldest live waiter; then A dies
+/// holding it. C, alive, must hold the lock once A's lease ends (plus B's short grant, which
+/// lapses): the waiter that took the lock chooses the watchers again (before the fix one
+/// watcher field named A itself and the other the frozen B, so nobody looked, and C slept
+/// until its 100 s look or its deadline).
+async fn a_waiter_taking_the_free_lock_chooses_the_watchers(url: &str) -> Result<String, String> {
+    let key = "self-path";
+    let mut a = worker("waiters", url, key, 60_000, 0, 2000);
+    let mut b = worker("waiters", url, key, 1, 0, 2000);
+    a.expect("ready", Duration::from_secs(20)).await?;
+    b.expect("ready", Duration::from_secs(20)).await?;
+    let holder = Locker::new(common::client_for(url).await);
+    let crashed = holder
+        .acquire(key, &LockOptions::new().with_ttl(Duration::from_secs(3)))
+        .await
+        .map_err(|e| e.to_string())?;
+    std::mem::forget(crashed);
+    a.send("wait a");
+    queued(&holder, key, 1).await?;
+    b.send("wait b");
+    queued(&holder, key, 2).await?;
+    let c_locker = pubsub(url).await;
+    let c = tokio::spawn(async move {
+        let r = c_locker
+            .acquire_wait(
+                key,
+                &LockOptions::new()
+                    .with_ttl(Duration::from_secs(2))
+                    .with_wait(Duration::from_secs(12)),
+            )
+            .await;
+        (now_ns(), r.map(|g| g.fence()))
+    });
+    queued(&holder, key, 3).await?;
+    b.signal("-STOP");
+    a.expect("ACQ", Duration::from_secs(10)).await?;
+    a.kill();
+    let killed = now_ns();
+    let (at, got) = c.await.map_err(|e| e.to_string())?;
+    b.signal("-CONT");
+    got.map_err(|e| format!("C did not get the lock after A died: {e}"))?;
+    let after = ms(at.saturating_sub(killed));
+    // A's lease (2 s from its grant) and B's short grant (the claim window), plus slack.
+    let bound = 2000.0 + 500.0 + 1500.0;
+    if after > bound {
+        return Err(format!(
+            "C held the lock {after:.0} ms after A died holding it (bound {bound} ms)"
+        ));
+    }
+    Ok(format!(
+        "A took the free lock as the oldest waiter and died holding it, B frozen: C held it {after:.0} ms after A's death (A's lease 2 s, B's short grant 0.5 s)"
+    ))
+}
+
+/// Review 2, finding 4. A process queued, then frozen longer than the presence window before
+/// the release, but its record in the processes hash is in Redis' future (written before a
+/// backward step of Redis' clock, or by a node whose clock was ahead): it must still get a
+/// short grant (the claim window), not its full TTL (5 s here), so the live waiter behind it
+/// holds the lock within about the claim window of the release.
+async fn a_record_in_redis_future_is_not_fresh(url: &str) -> Result<String, String> {
+    let key = "future-record";
+    let admin = common::client_for(url).await;
+    let holder = Locker::new(common::client_for(url).await);
+    let g = holder
+        .acquire(key, &LockOptions::new().with_ttl(Duration::from_secs(20)))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut frozen = worker("waiters", url, key, 1, 0, 5000);
+    frozen.expect("ready", Duration::from_secs(20)).await?;
+    frozen.send("wait f");
+    queued(&holder, key, 1).await?;
+    let live_locker = pubsub(url).await;
+    let live = tokio::spawn(async move {
+        let r = live_locker
+            .acquire_wait(
+                key,
+                &LockOptions::new()
+                    .with_ttl(Duration::from_secs(5))
+                    .with_wait(Duration::from_secs(15)),
+            )
+            .await;
+        (now_ns(), r.map(|g| g.fence()))
+    });
+    queued(&holder, key, 2).await?;
+    frozen.signal("-STOP");
+    // The frozen process's record, as if written ten minutes ahead of Redis' clock now.
+    let members: Vec<String> = common::cmd(
+        &admin,
+        "ZRANGE",
+        vec![common::queue_key(key).into(), 0.into(), 0.into()],
+    )
+    .await;
+    let hub = members
+        .first()
+        .and_then(|m| m.split(' ').next())
+        .ok_or("no member queued")?
+        .to_owned();
+    let time: Vec<String> = common::cmd(&admin, "TIME", vec![]).await;
+    let now_ms =
+        time[0].parse::<u64>().unwrap_or(0) * 1000 + time[1].parse::<u64>().unwrap_or(0) / 1000;
+    let _: i64 = common::cmd(
+        &admin,
+        "HSET",
+        vec![
+            common::procs_key(key).into(),
+            hub.into(),
+            (now_ms + 600_000).to_string().into(),
+        ],
+    )
+    .await;
+    // Frozen longer than the presence window (100 ms) before the release: the scenario.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let released = now_ns();
+    g.release().await.map_err(|e| e.to_string())?;
+    let (at, got) = live.await.map_err(|e| e.to_string())?;
+    frozen.signal("-CONT");
+    got.map_err(|e| format!("the live waiter did not get the lock: {e}"))?;
+    let after = ms(at.saturating_sub(released));
+    let bound = 500.0 + 1000.0;
+    if after > bound {
+        return Err(format!(
+            "the live waiter held the lock {after:.0} ms after the release (claim window 500 ms, the frozen one's TTL 5,000 ms; bound {bound} ms)"
+        ));
+    }
+    Ok(format!(
+        "a frozen process with a record in Redis' future got a short grant: the live waiter held the lock {after:.0} ms after the release (claim window 500 ms; its TTL would be 5,000 ms)"
+    ))
+}
+
+/// Review 2, finding 3. With a retention of 1 s, three waiters of three lockers wait behind a
+/// holder for 2 s (longer than the retention since they queued) before it releases: the queue
+/// must still be there, and the release hands the lock to each in turn at once (before the
+/// fix the queue had expired: the release granted nobody, the two watchers took the lock at
+/// the holder's old lease end, 4 s later, and the third waited until its deadline).
+async fn a_wait_longer_than_the_retention_keeps_its_queue(url: &str) -> Result<String, String> {
+    let key = "retention";
+    let retain = Duration::from_secs(1);
+    let holder = Locker::connect(url)
+        .await
+        .map_err(|e| e.to_string())?
+        .retention(retain)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let g = holder
+        .acquire(key, &LockOptions::new().with_ttl(Duration::from_secs(6)))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let l = Locker::connect(url)
+            .await
+            .map_err(|e| e.to_string())?
+            .retention(retain)
+            .queued()
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        waiters.push(tokio::spawn(async move {
+            let r = l
+                .acquire_wait(
+                    key,
+                    &LockOptions::new()
+                        .with_ttl(Duration::from_millis(300))
+                        .with_wait(Duration::from_secs(8)),
+                )
+                .await;
+            let at = now_ns();
+            match r {
+                Ok(g) => {
+                    let _ = g.release().await;
+                    Ok(at)
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }));
+        queued(&holder, key, i + 1).await?;
+    }
+    // Longer than the retention since the last waiter queued: the scenario.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let released = now_ns();
+    g.release().await.map_err(|e| e.to_string())?;
+    let mut after = Vec::new();
+    for (i, w) in waiters.into_iter().enumerate() {
+        let at = w
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("waiter {i}: {e}"))?;
+        after.push(ms(at.saturating_sub(released)));
+    }
+    if after.iter().any(|&a| a > 1000.0) {
+        return Err(format!(
+            "after a wait longer than the retention, the waiters held the lock {after:.0?} ms after the release"
+        ));
+    }
+    Ok(format!(
+        "retention 1 s, waited 2 s: the three waiters held the lock {after:.1?} ms after the release"
     ))
 }
 
@@ -631,6 +845,21 @@ fn main() -> std::process::ExitCode {
         crashed_waiters(&url, 100),
     );
     r.run("frozen_grantee", limit, frozen_grantee(&url));
+    r.run(
+        "a_waiter_taking_the_free_lock_chooses_the_watchers",
+        limit,
+        a_waiter_taking_the_free_lock_chooses_the_watchers(&url),
+    );
+    r.run(
+        "a_record_in_redis_future_is_not_fresh",
+        limit,
+        a_record_in_redis_future_is_not_fresh(&url),
+    );
+    r.run(
+        "a_wait_longer_than_the_retention_keeps_its_queue",
+        limit,
+        a_wait_longer_than_the_retention_keeps_its_queue(&url),
+    );
     r.run(
         "frozen_right_before_its_grant",
         limit,
