@@ -966,3 +966,61 @@ async fn a_lost_state_drops_no_waiter() {
     let queued: i64 = cmd(&raw.admin, "ZCARD {waitlock:lost}:s:q", vec![]).await;
     assert_eq!(queued, 2, "waiters dropped");
 }
+
+/// Review 2, finding 5. A permit lease is a Redis time in the holders' sorted set, and that
+/// set moves verbatim with a slot (MIGRATE) while its TTL moves as the time left. On a node
+/// whose clock runs 1.5 s ahead (simulated here: the same leases written 1.5 s behind this
+/// node's clock, the key's TTL unchanged, which is what such a node sees after a MIGRATE) the
+/// leases must keep their length: no second holder of a 1-permit semaphore while the first
+/// guard is valid. (Before, the leases ended 1.5 s early there: two valid holders.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_lease_keeps_its_length_on_a_node_whose_clock_is_ahead() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let a = Locker::new(server.client().await).semaphore(1).expect("a");
+    let b = Locker::new(server.client().await).semaphore(1).expect("b");
+    let ga = a
+        .acquire("moved", 1, &opts(2000, 0))
+        .await
+        .expect("a holds");
+    let holders = "{waitlock:moved}:s";
+    let before: i64 = cmd(&admin, "PTTL", vec![holders.into()]).await;
+    let leases: Vec<String> = cmd(
+        &admin,
+        "ZRANGE",
+        vec![holders.into(), 0.into(), (-1).into(), "WITHSCORES".into()],
+    )
+    .await;
+    for pair in leases.chunks(2) {
+        let score: f64 = pair[1].parse().expect("score");
+        let _: i64 = cmd(
+            &admin,
+            "ZADD",
+            vec![
+                holders.into(),
+                "XX".into(),
+                (score - 1500.0).to_string().into(),
+                pair[0].clone().into(),
+            ],
+        )
+        .await;
+    }
+    let after: i64 = cmd(&admin, "PTTL", vec![holders.into()]).await;
+    assert!(
+        after <= before && after > 0,
+        "the key's TTL moved: {before} -> {after}"
+    );
+    let gb = loop {
+        match b.acquire("moved", 1, &opts(2000, 0)).await {
+            Ok(g) => break g,
+            Err(Error::Locked { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) => panic!("b: {e}"),
+        }
+    };
+    assert!(
+        ga.valid_until() <= Instant::now(),
+        "two valid holders of one permit: a's guard says valid for {:?} more",
+        ga.valid_until().saturating_duration_since(Instant::now())
+    );
+    gb.release().await.expect("b releases");
+}
