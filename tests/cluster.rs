@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use waitlock::fred::interfaces::LuaInterface;
 use waitlock::{LockOptions, Locker, PubSubLocker};
 
 async fn pubsub(url: &str) -> PubSubLocker {
@@ -600,4 +601,74 @@ async fn semaphore_grants_on_keys_over_every_primary() {
         assert_eq!((st.held, st.queued), (0, 0), "{k}: {st:?}");
     }
     println!("90 permit acquisitions on 3 primaries, {grants} by grant");
+}
+
+/// A slot that moves while a locker hammers a lock on it (review 2, finding 6): every call on
+/// the slot fails while it migrates (`TRYAGAIN`: the scripts name keys the move has not
+/// brought yet), and fred 10.1 ends its client's connection task when an `ASK` redirection
+/// it follows fails ("Max attempts reached."). The client then never answered again and
+/// still said it was connected: every lock on that client was gone for good. A locker that
+/// built its client starts the task again; after the move, the lock works within a TTL (a
+/// timed-out acquisition may have taken it for a token nobody holds) and a little.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locker_works_again_after_its_slot_moved_under_load() {
+    let cluster = Arc::new(RedisCluster::start(3, 0));
+    let url = cluster.url();
+    let locker = polling(&url).await;
+    let key = "moved-under-load";
+    let s = slot(key);
+    // Other data in the slot, so that the move takes a while (10,000 keys: about a second).
+    let _: i64 = locker
+        .client()
+        .eval(
+            "for i = 1, 10000 do redis.call('SET', KEYS[1] .. i, 'x') end return 1",
+            vec![format!("{{waitlock:{key}}}:data:")],
+            Vec::<String>::new(),
+        )
+        .await
+        .expect("fill the slot");
+    let ttl = Duration::from_secs(1);
+    let opts = LockOptions::new().with_ttl(ttl);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let last_ok = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let looper = {
+        let (locker, opts, stop, last_ok) =
+            (locker.clone(), opts.clone(), stop.clone(), last_ok.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                match locker.acquire(key, &opts).await {
+                    Ok(g) => {
+                        if g.release().await.is_ok() {
+                            *last_ok.lock().expect("lock") = Instant::now();
+                        }
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let from = cluster.owner(s);
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .expect("another primary");
+    let c = Arc::clone(&cluster);
+    tokio::task::spawn_blocking(move || c.move_slot(s, to))
+        .await
+        .expect("move");
+    let moved = Instant::now();
+    let limit = ttl + Duration::from_secs(3);
+    while *last_ok.lock().expect("lock") < moved {
+        assert!(
+            moved.elapsed() < limit,
+            "no acquire + release on the moved slot within {limit:?} of the move's end"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let back = moved.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    looper.await.expect("looper");
+    println!("slot moved under load: the lock worked again {back:?} after the move's end");
 }

@@ -5,7 +5,7 @@ use fred::clients::Client;
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
-use fred::types::{Builder, CustomCommand};
+use fred::types::{Builder, ConnectHandle, CustomCommand};
 use std::time::Duration;
 
 /// The default time limit of [`Locker::connect`](crate::Locker::connect).
@@ -246,8 +246,11 @@ pub(crate) async fn connect_client(
     // `init` resolves on the first connection attempt's outcome; if it fails the router task
     // is stopped, so nothing is left behind.
     match tokio::time::timeout(limit, client.init()).await {
-        Ok(Ok(_)) => match check_server(&client, url, limit, opts).await {
-            Ok(()) => Ok(client),
+        Ok(Ok(task)) => match check_server(&client, url, limit, opts).await {
+            Ok(()) => {
+                supervise(client.clone(), task, "the locker's client");
+                Ok(client)
+            }
             Err(e) => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
                 Err(e)
@@ -271,6 +274,38 @@ pub(crate) async fn connect_client(
             })
         }
     }
+}
+
+/// Keeps a client that waitlock made connected for good: when its connection task ends for
+/// any reason but a `QUIT`, it is started again.
+///
+/// fred 10.1 ends a client's routing task when it cannot follow an `ASK` redirection (its
+/// `ASKING` fails, "Max attempts reached."), which happens while a Cluster slot migrates
+/// under load (`cargo bench --bench migration`). The client then never answers again, and
+/// still says it is connected. A client you build yourself needs the same care: await the
+/// handle `init` returns and call `connect` again.
+pub(crate) fn supervise<C>(client: C, task: ConnectHandle, what: &'static str)
+where
+    C: ClientLike + Clone + Send + Sync + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut task = task;
+        loop {
+            match task.await {
+                // Ended by QUIT (or the runtime going away): nothing to keep alive.
+                Ok(Ok(())) | Err(_) => return,
+                Ok(Err(e)) if e.is_canceled() => return,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "{what}'s connection task ended: starting it again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    task = client.connect();
+                }
+            }
+        }
+    });
 }
 
 /// The server must be one waitlock can rely on: Redis 7.0 or later (`SET ... NX GET`, sharded

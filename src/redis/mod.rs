@@ -10,7 +10,7 @@ pub(crate) mod sentinel;
 mod tls;
 
 pub(crate) use background::{QueueResidue, ResidueGuard};
-pub(crate) use connect::{connect_client, reconnect_policy};
+pub(crate) use connect::{connect_client, reconnect_policy, supervise};
 pub use connect::{redact_url, ConnectOptions};
 pub(crate) use scripts::{Attempt, Extended, Queued, Released};
 #[cfg(feature = "tls-rustls")]

@@ -93,12 +93,18 @@ async fn follow(engine: Weak<Engine>, subscriber: SubscriberClient, service: Str
     // A sentinel that is down now may come back: keep trying (fred stops after a failed
     // first connection).
     let mut retry = Duration::from_millis(100);
-    while subscriber.init().await.is_err() {
-        if engine.strong_count() == 0 {
-            return;
+    loop {
+        match subscriber.init().await {
+            Ok(task) => {
+                super::supervise(subscriber.clone(), task, "a sentinel subscriber");
+                break;
+            }
+            Err(_) if engine.strong_count() == 0 => return,
+            Err(_) => {
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(5));
+            }
         }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(Duration::from_secs(5));
     }
     loop {
         let message = tokio::select! {

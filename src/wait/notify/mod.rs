@@ -75,7 +75,7 @@ pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
         source,
     };
     match tokio::time::timeout(connect_limit, subscriber.init()).await {
-        Ok(Ok(_)) => {}
+        Ok(Ok(task)) => crate::redis::supervise(subscriber.clone(), task, "the subscriber"),
         Ok(Err(e)) => return Err(fail(e)),
         Err(_) => {
             let s = subscriber.clone();
