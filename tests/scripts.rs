@@ -186,7 +186,7 @@ fn rows() -> Vec<Row> {
                 Pttl(19_900, 20_000),
                 Queue(&[M_LIVE2]),
                 FenceNow(" q"),
-                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 20000 x1"]),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 20000 "]),
             ],
         },
         Row {
@@ -200,6 +200,7 @@ fn rows() -> Vec<Row> {
                 "HSET {P} aaaaaaaaaaaa {now}",
                 "HSET {P} bbbbbbbbbbbb {now}",
                 "HSET {P} !w1 {soon}_bbbbbbbbbbbb_30000_x1",
+                "HSET {P} !w2 {soon}_aaaaaaaaaaaa_20000_w2",
             ],
             script: scripts::RELEASE,
             call: args("H"),
@@ -222,7 +223,7 @@ fn rows() -> Vec<Row> {
             reply: "[2]",
             checks: &[
                 Get(L, Some("gw1")),
-                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 500 x1"]),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 500 "]),
             ],
         },
         Row {
@@ -241,7 +242,7 @@ fn rows() -> Vec<Row> {
                 Get(L, Some("gw1")),
                 Pttl(400, 500),
                 FenceNow(" q aaaaaaaaaaaa"),
-                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 500 x1"]),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 500 "]),
             ],
         },
         Row {
@@ -315,7 +316,7 @@ fn rows() -> Vec<Row> {
             checks: &[
                 Get(L, Some("qw1")),
                 Queue(&[M_LIVE2]),
-                Messages(&["bbbbbbbbbbbb: w2 20000 x1"]),
+                Messages(&["bbbbbbbbbbbb: w3 20000 "]),
                 Watcher("!w1", Some(M_LIVE2)),
             ],
         },
@@ -394,7 +395,7 @@ fn rows() -> Vec<Row> {
             reply: "[1, 100]",
             checks: &[
                 Pttl(9_900, 10_000),
-                Messages(&["bbbbbbbbbbbb: w2 10000 x1"]),
+                Messages(&["bbbbbbbbbbbb: w3 10000 "]),
             ],
         },
         Row {
@@ -504,7 +505,7 @@ fn rows() -> Vec<Row> {
                 ..args("w1")
             },
             reply: "[0]",
-            checks: &[Queue(&[M_LIVE2]), Messages(&["bbbbbbbbbbbb: w2 "])],
+            checks: &[Queue(&[M_LIVE2]), Messages(&["bbbbbbbbbbbb: w3 "])],
         },
         Row {
             name: "a lapsed process nobody listens for is not told",
@@ -610,7 +611,7 @@ fn rows() -> Vec<Row> {
             checks: &[Process("!h", None)],
         },
         Row {
-            name: "a refresh keeps the watchers out of the holder's process",
+            name: "a refresh takes watchers outside the holder's process first, then from it",
             setup: &[
                 "SET {L} qT PX 500",
                 "SET {F} 100_q PX 60000",
@@ -627,8 +628,8 @@ fn rows() -> Vec<Row> {
             reply: "[1, 100]",
             checks: &[
                 Watcher("!w1", Some(M_LIVE2)),
-                Watcher("!w2", None),
-                Messages(&["bbbbbbbbbbbb: w2 10000 x1"]),
+                Watcher("!w2", Some(M_LIVE)),
+                Messages(&["bbbbbbbbbbbb: w3 10000 ", "aaaaaaaaaaaa: w3 10000 "]),
             ],
         },
         Row {
@@ -695,6 +696,34 @@ fn rows() -> Vec<Row> {
             call: args("T"),
             reply: "[0]",
             checks: &[Get(L, None), Get(F, Some("100"))],
+        },
+        // Found by the widened model (R5): with one other process waiting, the second watcher
+        // comes from the holder's own process (a holder that overstays without a fault, and
+        // the other process frozen, left its own process's waiters asleep).
+        Row {
+            name: "a grant with one other process waiting: the second watcher from the holder's process",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 3 aaaaaaaaaaaa_20000_w2",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some(M_LIVE_B)),
+                Messages(&[
+                    "aaaaaaaaaaaa: g2 ",
+                    "bbbbbbbbbbbb: w3 20000 ",
+                    "aaaaaaaaaaaa: w3 20000 ",
+                ]),
+            ],
         },
         // Review 2, finding 2: a waiter that took the free lock as the oldest live waiter
         // (serve's 'self') left a watcher field naming itself, the holder.
@@ -890,7 +919,7 @@ fn rows() -> Vec<Row> {
                 Get(L, Some("gw1")),
                 Pttl(1, 200),
                 FenceNow(" q aaaaaaaaaaaa"),
-                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w2 200 x1"]),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 200 "]),
             ],
         },
         Row {

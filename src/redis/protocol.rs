@@ -35,9 +35,15 @@ pub(crate) fn lock_of_channel<'a>(channel: &'a str, hub: &str) -> Option<&'a str
 pub(crate) enum Message<'a> {
     /// The lock is `token`'s: `"g2 <fence> <px ms> <grant time us> <token>"`.
     Grant { grant: Grant, token: &'a str },
-    /// `token` is the first waiter to watch the lock: its holder's lease ends in `px` (0: the
-    /// lock is free, look now). `"w2 <px ms> <token>"`.
-    Watch { px: Duration, token: &'a str },
+    /// `token` is one of the lock's watchers: its holder's lease ends in `px` (0: the lock is
+    /// free, look now) from Redis time `at_us`: `"w3 <px ms> <time us> <token>"`. (Format 2,
+    /// `"w2 <px ms> <token>"`, did not say when: `at_us` is `None`, and a waiter that reads it
+    /// late looks late.)
+    Watch {
+        px: Duration,
+        at_us: Option<u64>,
+        token: &'a str,
+    },
     /// A queue scan dropped this process's waiters (a short grant to it lapsed: it was judged
     /// frozen or gone): they look again, and queue again. `"d2"`.
     Dropped,
@@ -95,10 +101,22 @@ impl<'a> Message<'a> {
                     token,
                 })
             }
+            "w3" => {
+                let mut p = rest.splitn(3, ' ');
+                let px = p.next()?.parse().ok()?;
+                let at_us = p.next()?.parse().ok()?;
+                let token = p.next()?;
+                Some(Message::Watch {
+                    px: Duration::from_millis(px),
+                    at_us: Some(at_us),
+                    token,
+                })
+            }
             "w2" => {
                 let (px, token) = rest.split_once(' ')?;
                 Some(Message::Watch {
                     px: Duration::from_millis(px.parse().ok()?),
+                    at_us: None,
                     token,
                 })
             }
@@ -194,9 +212,18 @@ mod tests {
             })
         );
         assert_eq!(
+            Message::parse("w3 250 1700000000000001 t o"),
+            Some(Message::Watch {
+                px: Duration::from_millis(250),
+                at_us: Some(1_700_000_000_000_001),
+                token: "t o"
+            })
+        );
+        assert_eq!(
             Message::parse("w2 250 t"),
             Some(Message::Watch {
                 px: Duration::from_millis(250),
+                at_us: None,
                 token: "t"
             })
         );
@@ -208,6 +235,7 @@ mod tests {
             "g2 x 1 2 t",
             "g2 1 2 t",
             "w2 t",
+            "w3 250 t",
             "z9 1 t",
             "g x t",
         ] {

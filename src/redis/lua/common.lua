@@ -32,8 +32,9 @@
 --   polling locker's or a fixed token). A hint for choosing watchers, never for safety.
 --   Deleted when the queue empties.
 -- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the lock is
---   <token>'s for px ms from Redis time <grant time>); 'w2 <px ms> <token>' (<token> is one of
---   the lock's watchers: look at the lock in px ms, when the holder's lease ends); 'd2' (a
+--   <token>'s for px ms from Redis time <grant time>); 'w3 <px ms> <time us> <token>' (<token>
+--   is one of the lock's watchers: look at the lock px ms after Redis time <time>, when the
+--   holder's lease ends; format 2's 'w2 <px ms> <token>' did not say when); 'd2' (a
 --   queue scan dropped this process's waiters because a short grant to it lapsed: they look
 --   again, and queue again).
 --
@@ -260,7 +261,8 @@ local function slow()
   -- Keeps the watchers of the lock fit after a change: `skip` the process of a new holder
   -- (its watchers would fail with it), `px` the lease that now ends first (ms from now; 0: the
   -- lock is free, look now). Two watchers of two other processes, fresh ones first (a frozen
-  -- process is not fresh), current ones before new ones (a new one costs a message). A kept
+  -- process is not fresh), current ones before new ones (a new one costs a message); when
+  -- fewer than two other processes wait, from the skipped one too. A kept
   -- watcher that would look later than the lease ends is told again; with `later` (a refresh)
   -- also one that would look earlier, so that watchers of a lock held long make no calls.
   -- Permits pass `skip` as a set of hubs (the holders' processes) and `fill`: both fields are
@@ -298,15 +300,17 @@ local function slow()
     end
     pick(true, false)
     pick(false, false)
-    -- Only the new holder's own process is left: better one of its waiters than none.
-    if #chosen == 0 or fill then
+    -- Fewer than two other processes wait: the second watcher (or both) from the holder's
+    -- own process, better than none. (A holder that overstays its lease without a fault,
+    -- with the only other process frozen, would leave its own process's waiters asleep.)
+    if #chosen < 2 or fill then
       if fill and last then pick(false, true, last) end
       pick(false, true)
     end
     redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
     for i, c in ipairs(chosen) do
       if not c.at or until_ms < c.at or (later and until_ms > c.at) then
-        publish(c.how, c.hub, 'w2 ' .. px .. ' ' .. c.token)
+        publish(c.how, c.hub, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
         c.at = until_ms
       end
       redis.call('HSET', pkey, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)

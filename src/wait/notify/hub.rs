@@ -57,8 +57,9 @@ pub(crate) struct Cell {
 #[derive(Default)]
 struct Mail {
     grant: Option<Grant>,
-    /// A watch message: the holder's lease ends in this long.
-    watch: Option<Duration>,
+    /// A watch message: the holder's lease ends in this long, from this Redis time (µs; `None`
+    /// from an older release, which did not say).
+    watch: Option<(Duration, Option<u64>)>,
 }
 
 impl Cell {
@@ -81,8 +82,9 @@ impl Cell {
         lock(&self.mail).grant.take()
     }
 
-    /// A watch message delivered to this waiter, if one was: the holder's remaining lease.
-    pub(crate) fn take_watch(&self) -> Option<Duration> {
+    /// A watch message delivered to this waiter, if one was: the holder's remaining lease, and
+    /// Redis' time when it was that (µs).
+    pub(crate) fn take_watch(&self) -> Option<(Duration, Option<u64>)> {
         lock(&self.mail).watch.take()
     }
 
@@ -381,8 +383,8 @@ impl Hub {
                 lock(&cell.mail).grant = Some(grant);
                 cell.wake(WakeReason::Notification);
             }
-            (Message::Watch { px, .. }, Some(cell)) => {
-                lock(&cell.mail).watch = Some(px);
+            (Message::Watch { px, at_us, .. }, Some(cell)) => {
+                lock(&cell.mail).watch = Some((px, at_us));
                 cell.wake(WakeReason::Watch);
             }
             // The waiter has left (its departure crossed the grant, or failed): give the lock

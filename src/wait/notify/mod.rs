@@ -280,10 +280,13 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                             deaf = 0;
                             // A watcher looks when the holder's lease ends (plus a little:
                             // PTTL rounds down); the others wait to be told.
+                            // (From the attempt's send: Redis ran it no earlier, so the lease
+                            // ends no earlier than that; a late reply does not make us late.)
                             watch = q.watcher.then(|| {
-                                now + remaining
-                                    .map(|r| r + Duration::from_millis(1))
-                                    .unwrap_or(SAFETY_INTERVAL)
+                                sent_at
+                                    + remaining
+                                        .map(|r| r + Duration::from_millis(1))
+                                        .unwrap_or(SAFETY_INTERVAL)
                             });
                             spread(SAFETY_INTERVAL)
                         }
@@ -349,10 +352,16 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         // A wake-up from the hub (lost messages, a reconnect, a resumed process, dropped
         // waiters) always makes the waiter look, even when a watch message came with it.
         let hub_woke = cell.take_hub_wake();
-        if let Some(px) = cell.take_watch() {
-            // We are one of the lock's watchers now: look when the holder's lease ends.
+        if let Some((px, at_us)) = cell.take_watch() {
+            // We are one of the lock's watchers now: look when the holder's lease ends. The
+            // message may be read late (this process was slow, or frozen too briefly for the
+            // hub to notice): its Redis time, carried over to our clock from the anchor as a
+            // grant's is, says when the lease ends at the latest, never later. One published
+            // before our last queueing attempt ran is stale: that attempt's reply said more.
             counters.woke(Some(WakeReason::Watch));
-            watch = Some(Instant::now() + px + Duration::from_millis(1));
+            if let Some(at) = look_at(anchor, px, at_us) {
+                watch = Some(at + Duration::from_millis(1));
+            }
             check = hub_woke;
         } else if hub_woke || !matches!(reason, Some(WakeReason::Notification | WakeReason::Watch))
         {
@@ -373,6 +382,22 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             return Err(w.give_up(req));
         }
         tracing::debug!(key = %req.names.key, attempts = w.attempts, ?reason, "woke (None = timer)");
+    }
+}
+
+/// When a watcher looks, told that the holder's lease ends `px` after Redis time `at_us`: that
+/// moment by our clock at the latest (the anchor's send time is a lower bound of the moment
+/// Redis' clock read its time, and the time between them counts 1% short), and never later than
+/// `px` from now. `None`: the message was published before the anchor ran (stale).
+fn look_at(anchor: Option<Anchor>, px: Duration, at_us: Option<u64>) -> Option<Instant> {
+    let by_now = Instant::now() + px;
+    match (anchor, at_us) {
+        (Some(a), Some(at)) if at < a.redis_us => None,
+        (Some(a), Some(at)) => {
+            let since = a.sent_at + Duration::from_micros(at - a.redis_us).mul_f64(0.99);
+            Some(by_now.min(since + px))
+        }
+        _ => Some(by_now),
     }
 }
 
