@@ -5,9 +5,11 @@
 //! ```
 //!
 //! `EXPLORE` is a comma-separated list: fault families (budget 1 each) `loss`, `freeze`, `drop`,
-//! `kill`, `stall`; bug switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own`
-//! (`Bug::OwnClaimWindow`); one behaviour taken back to before its fix `-f1` … `-f7`
-//! (`Cfg::revert`);
+//! `kill`, `stall`; holders' own calls and clock steps (each once more per mention) `extend`,
+//! `refresh`, `careless`, `step`; `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`; bug
+//! switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own` (`Bug::OwnClaimWindow`); one
+//! behaviour taken back to before its fix `-f1` … `-f7`, `-r1` … `-r4` (review 2's findings
+//! 1-4) (`Cfg::revert`);
 //! `nocost=<bits>` leaves incident costs out of the idle bound (`Cfg::no_cost`, `COST_*` bits). `BFS=1` stops at the first
 //! violation (of a property whose name contains `PROP`, if given) and prints it: the shortest counterexample there is (1 thread, no symmetry: mind
 //! the memory, a pair can need tens of GB); otherwise DFS + symmetry on 2 threads explores
@@ -24,9 +26,9 @@ fn main() {
     for f in which.split(',') {
         match f.trim() {
             "loss" => cfg.losses = 1,
-            "freeze" => cfg.freezes = 1,
+            "freeze" => cfg.freezes += 1,
             "drop" => cfg.drops = 1,
-            "kill" => cfg.kills = 1,
+            "kill" => cfg.kills += 1,
             "stall" => cfg.stalls = 1,
             "short" => cfg.bug = Bug::ShortLeaseBackgroundConfirm,
             "own" => cfg.bug = Bug::OwnClaimWindow,
@@ -37,6 +39,22 @@ fn main() {
             "-f5" => cfg.revert = Some(Revert::F5Release),
             "-f6" => cfg.revert = Some(Revert::F6Limit),
             "-f7" => cfg.revert = Some(Revert::F7Holder),
+            "-r1" => cfg.revert = Some(Revert::R1Lease),
+            "-r2" => cfg.revert = Some(Revert::R2SelfWatch),
+            "-r3" => cfg.revert = Some(Revert::R3Retention),
+            "-r4" => cfg.revert = Some(Revert::R4Future),
+            "-r5" => cfg.revert = Some(Revert::R5Fill),
+            "extend" => cfg.extends += 1,
+            "refresh" => cfg.refreshes += 1,
+            "careless" => cfg.careless += 1,
+            "step" => cfg.steps += 1,
+            x if x.starts_with("retain=") => {
+                cfg.retain = Some(x[7..].parse().expect("retain=<ticks>"))
+            }
+            x if x.starts_with("horizon=") => {
+                cfg.horizon = x[8..].parse().expect("horizon=<ticks>")
+            }
+            x if x.starts_with("wait=") => cfg.wait = x[5..].parse().expect("wait=<ticks>"),
             x if x.starts_with("nocost=") => {
                 cfg.no_cost = x[7..].parse().expect("nocost=<COST_* bits>")
             }

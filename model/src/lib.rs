@@ -118,6 +118,22 @@ pub struct Cfg {
     pub drops: u8,
     pub kills: u8,
     pub stalls: u8,
+    /// Holders' own calls (budgets, each at most this many in a run): an `extend` with
+    /// another TTL (`ttl_short` or `ttl_long`), a keep-alive refresh with the holder's TTL,
+    /// a careless holder that does not release before its lease ends (no fault: it overstays,
+    /// then releases late or never).
+    pub extends: u8,
+    pub refreshes: u8,
+    pub careless: u8,
+    /// Backward steps of Redis' clock (each by `step` ticks).
+    pub steps: u8,
+    pub step: u8,
+    /// The TTLs a holder's `extend` may set.
+    pub ttl_short: u8,
+    pub ttl_long: u8,
+    /// The retention (`LockerBuilder::retention`): the queue, the processes hash and the fence
+    /// counter expire; `None`: they outlive every hold (the model before review 2).
+    pub retain: Option<u8>,
     pub bug: Bug,
     /// One behaviour of the code taken back to what it was before the fix of one of the
     /// findings F1–F7 (`None`: the code as it is). The finding tests replay each finding's
@@ -158,6 +174,29 @@ pub enum Revert {
     /// parsed from its token, `held_by(..)`; extend's `watch` skips the caller's process,
     /// the holder's, and leave's skips `holder_hub()`, 3c87246). This is the code of 8d0d2c8.
     F7Holder,
+    /// Review 2, finding 1: a guard kept the larger of its deadlines (`Lease::renewed`'s
+    /// `max`), so an `extend` to a shorter TTL shortened Redis' lease but not the guard's
+    /// validity (now: the latest confirmed call's lease, cut at the send by every call whose
+    /// outcome is unknown).
+    R1Lease,
+    /// Review 2, finding 2: a queued attempt that took the free lock as the oldest live waiter
+    /// (serve's `'self'`) did not choose the watchers again (now: `watch(HUB, TTL)`).
+    R2SelfWatch,
+    /// Review 2, finding 3: the queue's TTL was the retention from the last *new* member, the
+    /// processes hash's from its last new field, the fence counter's the retention from the
+    /// last acquisition (and `{1}`/extend answered fence 0 / no fence once it was gone). Now
+    /// every queueing attempt and every call that sets the lease with waiters queued keeps
+    /// them the lease plus the retention, the counter lives its lease plus the retention, and
+    /// a vanished counter is started again.
+    R3Retention,
+    /// Review 2, finding 4: a process record in Redis' future (a backward clock step) counted
+    /// as fresh (now: only `0 <= now - seen <= presence`).
+    R4Future,
+    /// Found by this model once holders could overstay (careless): `watch` took a watcher
+    /// from the holder's own process only when no other process waited, so with one other
+    /// process, frozen, and a holder that overstays its lease without a fault, its own
+    /// process's waiters slept with the lock free (now: whenever fewer than two are chosen).
+    R5Fill,
 }
 
 impl Default for Cfg {
@@ -179,6 +218,14 @@ impl Default for Cfg {
             drops: 0,
             kills: 0,
             stalls: 0,
+            extends: 0,
+            refreshes: 0,
+            careless: 0,
+            steps: 0,
+            step: 2,
+            ttl_short: 1,
+            ttl_long: 6,
+            retain: None,
             bug: Bug::None,
             calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_STALL | CALM_RECOVER,
             revert: None,
@@ -257,10 +304,13 @@ impl<T: Copy + Default, const N: usize> FromIterator<T> for Fifo<T, N> {
     }
 }
 
+/// A watch message's receiver had no anchor: it looks `px` after reading it.
+pub const NO_BOUND: u8 = 255;
+
 /// Capacities: processes, waiters, messages in flight per connection, stalled calls.
 pub const MAXP: usize = 3;
 pub const MAXW: usize = 6;
-pub const MAXM: usize = 10;
+pub const MAXM: usize = 14;
 pub const MAXC: usize = 12;
 
 /// Lock states (`common.lua` header): taken free (`p`), held with waiters maybe queued (`q`),
@@ -327,8 +377,13 @@ pub struct Pr {
 pub enum Msg {
     /// `g2 <fence> <px> <grant time> <token>`
     Grant { to: W, fence: u8, px: u8, at: u8 },
-    /// `w2 <px> <token>`: look at the lock in px.
-    Watch { to: W, px: u8 },
+    /// `w3 <px> <time> <token>`: look at the lock px after Redis time `<time>`. The receiver
+    /// looks `px` after reading it, or at `by` if that is earlier: `<time>` carried over to
+    /// its clock from its anchor, plus px (`look_at`). The anchor cannot change while the
+    /// message is in flight (a new queueing attempt drops the older messages: they are
+    /// stale), so the model computes `by` when the message is published, and forgets it once
+    /// it has passed (0: look at once). `NO_BOUND`: the receiver had no anchor.
+    Watch { to: W, px: u8, by: u8 },
     /// `d2`: "your waiters were dropped from the queue (your process was lapsed)".
     #[default]
     Dropped,
@@ -345,10 +400,29 @@ pub enum Flag {
 /// A call waiting on a stalled connection. `awaited`: its caller still waits for the reply.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Call {
-    Acquire { w: W, member: bool, awaited: bool },
-    Extend { w: W, awaited: bool },
-    Release { w: W },
-    Leave { w: W, member: bool, flag: Flag },
+    Acquire {
+        w: W,
+        member: bool,
+        awaited: bool,
+    },
+    Extend {
+        w: W,
+        awaited: bool,
+    },
+    Release {
+        w: W,
+    },
+    Leave {
+        w: W,
+        member: bool,
+        flag: Flag,
+    },
+    /// A holder's extend (`extend.lua`) with this TTL: a refresh or a user's `extend`.
+    Renew {
+        w: W,
+        ttl: u8,
+        awaited: bool,
+    },
 }
 
 impl Default for Call {
@@ -381,8 +455,9 @@ pub struct GrantMsg {
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Wt {
     pub deadline: u8,
-    /// The last attempt that left it queued: (latest fence then, Redis run tick − send tick).
-    pub anchor: Option<(u8, u8)>,
+    /// The last attempt that left it queued: (latest fence then, Redis run tick − send tick:
+    /// negative after Redis' clock stepped back).
+    pub anchor: Option<(u8, i8)>,
     /// A watcher looks at this tick (0: due).
     pub watch: Option<u8>,
     /// Backoff after a failed attempt (0: due).
@@ -393,7 +468,8 @@ pub struct Wt {
     pub permit: bool,
     /// The cell's mail.
     pub grant: Option<GrantMsg>,
-    pub watch_msg: Option<u8>,
+    /// A watch message in the mail: (px, `by`: see `Msg::Watch`).
+    pub watch_msg: Option<(u8, u8)>,
     pub inflight: Option<Inflight>,
     /// The cell's `hub_woke`: a wake-up from the hub (lost messages, reconnect, resume,
     /// dropped waiters) came since the waiter last looked at its mail.
@@ -407,10 +483,20 @@ pub enum Ws {
     Idle,
     Waiting(Wt),
     /// `acquire_wait` returned this guard. `bg`: a background confirm is due (the bugs).
+    /// The lease as `src/hold/lease.rs` keeps it: `until` (the guard's validity) is `conf`
+    /// (the deadline of the latest call Redis confirmed) cut to `pend` (the earliest deadline
+    /// of the calls sent since, whose outcome is not known; 0: none); `ttl` is what the
+    /// refreshes set (the latest `extend`'s); `call` the lease-setting call it waits for on
+    /// a stalled connection (send tick, TTL, whether an `extend`); `care`: it overstays.
     Holding {
         until: u8,
         fence: u8,
         bg: bool,
+        conf: u8,
+        pend: u8,
+        ttl: u8,
+        care: bool,
+        call: Option<(u8, u8, bool)>,
     },
     /// Returned (`WaitTimeout`, or the guard released, lost or killed).
     Done,
@@ -440,18 +526,29 @@ pub const COST_STALLED_CALL: u8 = 16;
 /// A timed-out attempt runs later and takes the lock for a waiter that does not know: one
 /// tick (its backoff).
 pub const COST_LATE_ACQUIRE: u8 = 32;
+/// A careless holder overstays: the rest of the lock's lease beyond its guard's validity.
+pub const COST_CARELESS: u8 = 64;
+/// Redis' clock steps back: every lease in Redis lasts that much longer by the waiters' clock.
+pub const COST_STEP: u8 = 128;
 
 pub const LOSS: usize = 0;
 pub const FREEZE: usize = 1;
 pub const DROP: usize = 2;
 pub const KILL: usize = 3;
 pub const STALL: usize = 4;
+pub const EXTEND: usize = 5;
+pub const REFRESH: usize = 6;
+pub const CARELESS: usize = 7;
+pub const STEP: usize = 8;
 
 /// Ghost flags.
 pub const FENCE_REGRESS: u8 = 1;
 pub const FENCE_STALE: u8 = 2;
 pub const SHORT_RETURN: u8 = 4;
 pub const LATE_END: u8 = 8;
+/// A guard read valid past what Redis was last told for its token (its lease), or while its
+/// token did not hold the lock.
+pub const OVER_LEASE: u8 = 16;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct St {
@@ -472,6 +569,18 @@ pub struct St {
     /// process); kept when the lock expires or is released (it may name a former holder);
     /// deleted with the processes hash.
     pub holder_hub: Option<Pid>,
+    /// How far Redis' clock stepped back (Redis time = `now - back`). Every time Redis keeps
+    /// (the lock's expiry, records, watchers' times, grants' times, the keys' expiries) is a
+    /// Redis time.
+    pub back: u8,
+    /// With a retention: when the queue, the processes hash and the fence counter expire
+    /// (Redis time; 0: no expiry, or no key), and whether the counter is gone (`fence` keeps
+    /// the highest fence given: a vanished counter is started again above it, from Redis'
+    /// clock).
+    pub q_exp: u8,
+    pub p_exp: u8,
+    pub f_exp: u8,
+    pub f_gone: bool,
     // processes
     pub procs: Fifo<Pr, MAXP>,
     /// Messages in flight, FIFO per subscriber connection.
@@ -479,8 +588,8 @@ pub struct St {
     /// Calls on a stalled client connection, FIFO per process.
     pub late: [Fifo<Call, MAXC>; MAXP],
     pub ws: Fifo<Ws, MAXW>,
-    /// Fault budgets left: LOSS, FREEZE, DROP, KILL, STALL.
-    pub budget: [u8; 5],
+    /// Budgets left: LOSS, FREEZE, DROP, KILL, STALL, EXTEND, REFRESH, CARELESS, STEP.
+    pub budget: [u8; 9],
     // ghosts
     /// Ticks since the last acquisition during which no guard was valid and a live waiter waited.
     pub idle: u8,
@@ -520,6 +629,14 @@ pub enum Act {
     Stall(Pid),
     /// Redis runs the next call of a stalled connection.
     Replay(Pid),
+    /// A holder calls `extend(ttl)`: `false` the short TTL, `true` the long one.
+    Extend(W, bool),
+    /// A holder's keep-alive refreshes (its TTL).
+    Refresh(W),
+    /// A holder overstays: it does not release before its lease ends (no fault).
+    Overstay(W),
+    /// Redis' clock steps back by `step` ticks.
+    StepBack,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -648,23 +765,92 @@ impl Queue {
         pr.sub && pr.run != Run::Killed && self.registered(s, p)
     }
 
+    /// Redis' clock (it may have stepped back: `back`).
+    pub fn rnow(&self, s: &St) -> u8 {
+        s.now - s.back
+    }
+
+    /// Whether `p`'s record says Redis saw it call within the presence window by Redis' own
+    /// clock: `0 <= now - seen <= presence` (R4 reverted: a record in Redis' future too).
+    fn recent(&self, s: &St, p: usize) -> bool {
+        match s.procs[p].rec {
+            Rec::Seen(t) => {
+                let d = self.rnow(s) as i16 - t as i16;
+                (d >= 0 || self.reverted(Revert::R4Future)) && d <= self.cfg.presence as i16
+            }
+            _ => false,
+        }
+    }
+
     // mirrors common.lua -> slow -> process(hub): gone (lapsed 'x', or nobody listens), fresh
-    // (seen within the presence window) or stale
+    // (seen within the presence window, by Redis' clock, not in its future) or stale
     fn process(&self, s: &St, p: usize) -> Status {
         let pr = s.procs[p];
         if pr.rec == Rec::Lapsed || !self.listener(s, p) {
             return Status::Gone;
         }
-        match pr.rec {
-            Rec::Seen(t) if s.now - t <= self.cfg.presence => Status::Fresh,
-            _ => Status::Stale,
+        if self.recent(s, p) {
+            Status::Fresh
+        } else {
+            Status::Stale
         }
     }
 
-    // mirrors common.lua -> slow -> seen(hub)
+    /// The processes hash exists (a record, a watcher field or `'!h'`).
+    fn pkey_exists(&self, s: &St) -> bool {
+        s.procs.iter().any(|pr| pr.rec != Rec::None)
+            || s.watchers.iter().any(|w| w.is_some())
+            || s.holder_hub.is_some()
+    }
+
+    // mirrors common.lua -> slow -> seen(hub): a new field gives the hash the retention (the
+    // sweep of records that say nothing changes nothing here: a record that is not fresh
+    // means what no record means)
     fn seen(&self, s: &mut St, hub: Option<usize>) {
         if let Some(p) = hub {
-            s.procs[p].rec = Rec::Seen(s.now);
+            let new = s.procs[p].rec == Rec::None;
+            s.procs[p].rec = Rec::Seen(self.rnow(s));
+            if new {
+                if let Some(r) = self.cfg.retain {
+                    s.p_exp = self.rnow(s) + r;
+                }
+            }
+        }
+    }
+
+    // mirrors common.lua -> slow -> retain(): the processes hash gets the retention if it has
+    // no expiry
+    fn retain(&self, s: &mut St) {
+        if let Some(r) = self.cfg.retain {
+            if s.p_exp == 0 && self.pkey_exists(s) {
+                s.p_exp = self.rnow(s) + r;
+            }
+        }
+    }
+
+    // mirrors common.lua -> slow -> keep(px): the queue and the processes hash live the lease
+    // `px` plus the retention (R3 reverted: not called)
+    fn keep(&self, s: &mut St, px: u8) {
+        let Some(r) = self.cfg.retain else { return };
+        if self.reverted(Revert::R3Retention) {
+            return;
+        }
+        let life = self.rnow(s) + px + r;
+        if !s.queue.is_empty() {
+            s.q_exp = life;
+        }
+        if self.pkey_exists(s) {
+            s.p_exp = life;
+        }
+    }
+
+    /// The fence counter's expiry after a write for the lease `px` (the lease plus the
+    /// retention; R3 reverted: the retention alone).
+    fn fence_life(&self, s: &St, px: u8) -> u8 {
+        match self.cfg.retain {
+            None => 0,
+            Some(r) if self.reverted(Revert::R3Retention) => self.rnow(s) + r,
+            Some(r) => self.rnow(s) + r + px,
         }
     }
 
@@ -685,20 +871,43 @@ impl Queue {
         }
         s.watchers = [None, None];
         s.holder_hub = None;
+        s.p_exp = 0;
     }
 
-    // mirrors common.lua -> next_fence(queued, hub)
-    fn next_fence(&self, s: &mut St, queued: bool, pending: Option<Pid>) -> u8 {
+    // mirrors common.lua -> next_fence(queued, hub, px): the counter lives the lease `px`
+    // plus the retention (R3 reverted: the retention)
+    fn next_fence(&self, s: &mut St, queued: bool, pending: Option<Pid>, px: u8) -> u8 {
         s.fence += 1;
         s.fence_q = queued;
         s.fence_pending = pending;
+        s.f_gone = false;
+        s.f_exp = self.fence_life(s, px);
         s.fence
     }
 
-    // mirrors common.lua -> slow -> fence_flags(queued, hub): the fence's hints, same number
-    fn fence_flags(&self, s: &mut St, queued: bool, pending: Option<Pid>) -> u8 {
+    // mirrors common.lua -> slow -> fence_flags(queued, hub, old, px): the fence's hints, same
+    // number; with `px` the counter lives that lease plus the retention (R3 reverted: its TTL
+    // is kept); a vanished counter is started again from Redis' clock (above every fence)
+    fn fence_flags(&self, s: &mut St, queued: bool, pending: Option<Pid>, px: Option<u8>) -> u8 {
         s.fence_q = queued;
         s.fence_pending = pending;
+        if s.f_gone || s.fence == 0 {
+            s.fence += 1;
+            s.f_gone = false;
+            s.f_exp = match self.cfg.retain {
+                Some(r) => {
+                    self.rnow(s)
+                        + r
+                        + px.filter(|_| !self.reverted(Revert::R3Retention))
+                            .unwrap_or(0)
+                }
+                None => 0,
+            };
+        } else if let Some(px) = px {
+            if !self.reverted(Revert::R3Retention) {
+                s.f_exp = self.fence_life(s, px);
+            }
+        }
         s.fence
     }
 
@@ -739,27 +948,50 @@ impl Queue {
             if st != Status::Gone {
                 s.queue.drain_front(i + 1);
                 let full = st == Status::Fresh && self.cfg.bug != Bug::ShortLeaseBackgroundConfirm;
-                let px = if full { ttl } else { ttl.min(claim) };
+                // a short grant is always shorter than the TTL (half of it within the claim
+                // window), so that its waiter always confirms it
+                let px = if full {
+                    ttl
+                } else if ttl > claim {
+                    claim
+                } else {
+                    (ttl / 2).max(1)
+                };
                 let more = !s.queue.is_empty();
                 let pending = if more && !full { Some(p as Pid) } else { None };
-                let f = self.next_fence(s, more, pending);
+                let f = self.next_fence(s, more, pending, px);
+                let now = self.rnow(s);
                 s.lock = Some(Lock {
                     st: if full { LockSt::H } else { LockSt::G },
                     holder: head,
-                    exp: s.now + px,
+                    exp: now + px,
                 });
                 s.holder_hub = Some(p as Pid); // HSET pkey '!h' hub
                 s.chans[p].push(Msg::Grant {
                     to: head,
                     fence: f,
                     px,
-                    at: s.now,
+                    at: now,
                 });
                 self.watch(s, Some(p), px, false);
-                // Idle cost: a grant to a frozen process waits (at most) its whole lease.
-                if matches!(s.procs[p].run, Run::Frozen(_)) || s.procs[p].stalled {
-                    // a grant to a frozen process, or to one whose calls (the confirm) are
-                    // held up: it waits out its lease
+                if more {
+                    self.keep(s, px);
+                } else if !self.reverted(Revert::R3Retention) {
+                    self.retain(s);
+                }
+                // Idle cost: a grant to a frozen process waits (at most) its whole lease: its
+                // TTL if Redis saw it within the presence window by its own clock (`recent`,
+                // as the fixed `process()` judges), else the claim window (it should have had a
+                // short grant); a grant to a process whose calls (the confirm) are held up, its
+                // lease.
+                if matches!(s.procs[p].run, Run::Frozen(_)) {
+                    let fresh = matches!(s.procs[p].rec, Rec::Seen(t) if {
+                        let d = now as i16 - t as i16;
+                        d >= 0 && d <= self.cfg.presence as i16
+                    });
+                    let cost = if fresh { px } else { px.min(claim) };
+                    self.charge(s, COST_GRANT, cost);
+                } else if s.procs[p].stalled {
                     self.charge(s, COST_GRANT, px);
                 }
                 return Served::Granted;
@@ -773,7 +1005,8 @@ impl Queue {
 
     // mirrors common.lua -> slow -> watch(skip, px, later): keep two watchers of other processes
     fn watch(&self, s: &mut St, skip: Option<usize>, px: u8, later: bool) {
-        let until = s.now + px;
+        let now = self.rnow(s);
+        let until = now + px;
         let stat: Vec<Status> = (0..self.np()).map(|p| self.process(s, p)).collect();
         let mut cands: Vec<(W, Option<u8>)> = Vec::with_capacity(8);
         for f in 0..2 {
@@ -805,21 +1038,37 @@ impl Queue {
         };
         pick(true, false, &mut chosen);
         pick(false, false, &mut chosen);
-        if chosen.is_empty() {
+        // fewer than two other processes: from the skipped one too (R5 reverted: only when
+        // none is left)
+        let fill = chosen.is_empty() || !self.reverted(Revert::R5Fill);
+        if fill && chosen.len() < 2 {
             pick(false, true, &mut chosen);
         }
         s.watchers = [None, None];
+        let any = !chosen.is_empty();
         for (i, (m, at)) in chosen.into_iter().enumerate() {
             // a kept watcher is told again if it would look later than the lease ends (with
             // `later`, a refresh: also earlier)
             let at = match at {
                 Some(a) if until >= a && !(later && until > a) => a,
                 _ => {
-                    s.chans[self.pw(m)].push(Msg::Watch { to: m, px });
+                    // `w3 <px> <now> <token>`; kept as the receiver's `look_at` bound (see
+                    // `Msg::Watch`)
+                    let by = match s.ws[m as usize] {
+                        Ws::Waiting(Wt {
+                            anchor: Some((_, lag)),
+                            ..
+                        }) => (now as i16 - lag as i16 + px as i16).clamp(0, 254) as u8,
+                        _ => NO_BOUND,
+                    };
+                    s.chans[self.pw(m)].push(Msg::Watch { to: m, px, by });
                     until
                 }
             };
-            s.watchers[i] = Some((clamp(s.now, at), m));
+            s.watchers[i] = Some((clamp(now, at), m));
+        }
+        if any {
+            self.retain(s);
         }
     }
 
@@ -845,7 +1094,11 @@ impl Queue {
                 })
         };
         let Some(f) = field else { return false };
-        s.watchers[f] = Some((clamp(s.now, s.now + pttl), m));
+        let now = self.rnow(s);
+        s.watchers[f] = Some((clamp(now, now + pttl), m));
+        if self.reverted(Revert::R3Retention) {
+            self.retain(s); // (now `enqueue` keeps the hash)
+        }
         true
     }
 
@@ -853,12 +1106,18 @@ impl Queue {
     fn enqueue(&self, s: &mut St, w: W, pttl: u8) -> Reply {
         let p = self.pw(w);
         self.seen(s, Some(p));
+        // `add_member`: at the back, once (its score never below the last member's, so the
+        // queue's order is the order of arrival, as here, also across a clock step)
         if !s.queue.contains(&w) {
             s.queue.push(w);
+            if let (Some(r), true) = (self.cfg.retain, self.reverted(Revert::R3Retention)) {
+                s.q_exp = self.rnow(s) + r; // the old `PEXPIRE q RETAIN` on a new member
+            }
         }
-        self.fence_flags(s, true, s.fence_pending);
+        self.fence_flags(s, true, s.fence_pending, None);
         let deaf = !self.listener(s, p);
         let watcher = self.watching(s, w, pttl);
+        self.keep(s, pttl);
         Reply::Locked {
             remaining: pttl,
             queued: Some(Queued {
@@ -873,16 +1132,17 @@ impl Queue {
     fn acquire(&self, s: &mut St, w: W, member: bool) -> Reply {
         let p = self.pw(w);
         let hub = if member { Some(p) } else { None };
-        let now = s.now;
+        let now = self.rnow(s);
+        let ttl = self.cfg.ttl;
         match s.lock {
             None => {
                 s.lock = Some(Lock {
                     st: LockSt::P,
                     holder: w,
-                    exp: now + self.cfg.ttl,
+                    exp: now + ttl,
                 });
                 let (old_q, old_pending) = (s.fence_q, s.fence_pending);
-                let f = self.next_fence(s, false, None);
+                let f = self.next_fence(s, false, None, ttl);
                 if !old_q {
                     return Reply::Acquired(f);
                 }
@@ -898,10 +1158,16 @@ impl Queue {
                         if more {
                             s.lock.as_mut().unwrap().st = LockSt::Q;
                             self.held_by(s, hub);
+                            // the caller holds now: the watchers are chosen again (R2 reverted:
+                            // not)
+                            if !self.reverted(Revert::R2SelfWatch) {
+                                self.watch(s, hub, ttl, false);
+                            }
+                            self.keep(s, ttl);
                         } else {
                             self.del_pkey(s);
                         }
-                        self.fence_flags(s, more, None);
+                        self.fence_flags(s, more, None, Some(ttl));
                         Reply::Acquired(f)
                     }
                     Served::Granted => {
@@ -918,15 +1184,23 @@ impl Queue {
             }
             Some(l) if l.holder == w => {
                 if l.st == LockSt::G {
-                    return Reply::Granted(self.confirm_grant(s, w));
+                    let f = self.confirm_grant(s, w, ttl);
+                    self.watch(s, hub, ttl, true);
+                    return Reply::Granted(f);
                 }
                 if l.st == LockSt::H {
                     s.lock.as_mut().unwrap().st = LockSt::Q;
                 }
-                Reply::AlreadyHeld {
-                    fence: s.fence,
-                    remaining: l.exp - now,
-                }
+                let remaining = l.exp - now;
+                // a vanished counter is started again (R3 reverted: fence 0)
+                let fence = if s.f_gone && self.reverted(Revert::R3Retention) {
+                    0
+                } else if s.f_gone {
+                    self.fence_flags(s, l.st != LockSt::P, None, Some(remaining))
+                } else {
+                    s.fence
+                };
+                Reply::AlreadyHeld { fence, remaining }
             }
             Some(l) => {
                 let pttl = l.exp - now;
@@ -950,15 +1224,19 @@ impl Queue {
         }
     }
 
-    // mirrors common.lua -> slow -> confirm_grant
-    fn confirm_grant(&self, s: &mut St, w: W) -> u8 {
+    // mirrors common.lua -> slow -> confirm_grant (`ttl`: the call's TTL)
+    fn confirm_grant(&self, s: &mut St, w: W, ttl: u8) -> u8 {
         s.lock = Some(Lock {
             st: LockSt::Q,
             holder: w,
-            exp: s.now + self.cfg.ttl,
+            exp: self.rnow(s) + ttl,
         });
         self.seen(s, Some(self.pw(w)));
-        self.fence_flags(s, s.fence_q, None)
+        let queued = s.fence_q;
+        if queued {
+            self.keep(s, ttl);
+        }
+        self.fence_flags(s, queued, None, Some(ttl))
     }
 
     // mirrors src/redis/lua/release.lua (HUB: the guard's process)
@@ -977,7 +1255,7 @@ impl Queue {
                 s.lock = Some(Lock {
                     st: LockSt::Q,
                     holder: w,
-                    exp: s.now + self.cfg.ttl.min(self.cfg.claim),
+                    exp: self.rnow(s) + self.cfg.ttl.min(self.cfg.claim),
                 });
                 self.release_held(s, LockSt::Q);
             }
@@ -1000,7 +1278,7 @@ impl Queue {
             if self.serve(s, None) == Served::Granted {
                 return Reply::Done;
             }
-            self.fence_flags(s, false, None);
+            self.fence_flags(s, false, None, None);
             self.del_pkey(s);
         }
         s.lock = None;
@@ -1010,34 +1288,46 @@ impl Queue {
     // mirrors src/redis/lua/extend.lua: `{3, fence}` a short grant confirmed, `{1, fence}` renewed;
     // the watchers are told when the lease now ends (`watch(HUB, TTL, true)`: they skip the
     // caller's process, the holder's; F7 reverted: `watch(nil, TTL, true)`)
-    fn extend(&self, s: &mut St, w: W) -> Reply {
+    fn extend(&self, s: &mut St, w: W, ttl: u8) -> Reply {
         let Some(l) = s.lock else {
             return Reply::NotHeld;
         };
         if l.holder != w {
             return Reply::NotHeld;
         }
-        let ttl = self.cfg.ttl;
         let hub = if self.reverted(Revert::F7Holder) {
             None
         } else {
             Some(self.pw(w))
         };
         if l.st == LockSt::G {
-            let f = self.confirm_grant(s, w);
+            let f = self.confirm_grant(s, w, ttl);
             self.watch(s, hub, ttl, true);
             return Reply::Confirmed(f);
         }
+        let now = self.rnow(s);
         let lock = s.lock.as_mut().unwrap();
         if l.st == LockSt::H {
             lock.st = LockSt::Q;
         }
-        lock.exp = s.now + ttl;
+        lock.exp = now + ttl;
+        // GETEX PX retention + TTL (R3 reverted: the retention)
+        let gone = s.f_gone;
+        if !gone {
+            s.f_exp = self.fence_life(s, ttl);
+        }
         if l.st != LockSt::P {
             self.watch(s, hub, ttl, true);
+            self.keep(s, ttl);
         }
-        // {1, fence} (GETEX: the fence counter outlives every hold in the model)
-        Reply::Renewed(s.fence)
+        if !gone {
+            return Reply::Renewed(s.fence);
+        }
+        // the counter is gone: `{1}` without a fence (R3 reverted), else started again
+        if self.reverted(Revert::R3Retention) {
+            return Reply::Renewed(0);
+        }
+        Reply::Renewed(self.fence_flags(s, l.st != LockSt::P, None, Some(ttl)))
     }
 
     // mirrors src/redis/lua/leave.lua (the model's leaves: the queue residue's 'G', the
@@ -1047,7 +1337,8 @@ impl Queue {
         if member {
             if let Some(i) = s.queue.iter().position(|&m| m == w) {
                 s.queue.remove(i);
-                let pttl = s.lock.map_or(0, |l| l.exp - s.now);
+                let now = self.rnow(s);
+                let pttl = s.lock.map_or(0, |l| l.exp - now);
                 let skip = if self.reverted(Revert::F7Holder) {
                     None
                 } else {
@@ -1073,9 +1364,10 @@ impl Queue {
     fn run_call(&self, s: &mut St, c: Call) -> Reply {
         match c {
             Call::Acquire { w, member, .. } => self.acquire(s, w, member),
-            Call::Extend { w, .. } => self.extend(s, w),
+            Call::Extend { w, .. } => self.extend(s, w, self.cfg.ttl),
             Call::Release { w } => self.release(s, w),
             Call::Leave { w, member, flag } => self.leave(s, w, member, flag),
+            Call::Renew { w, ttl, .. } => self.extend(s, w, ttl),
         }
     }
 
@@ -1086,6 +1378,23 @@ impl Queue {
             return;
         }
         s.allowance = s.allowance.saturating_add(ticks).min(CAP);
+    }
+
+    /// (g): every guard that reads valid is its token's hold in Redis, and no longer than
+    /// Redis keeps it (the lock's expiry, a Redis time, by the waiters' clock).
+    fn check_leases(&self, s: &mut St) {
+        for w in 0..self.nw() {
+            if let Ws::Holding { until, .. } = s.ws[w] {
+                if s.now < until {
+                    let ok = s
+                        .lock
+                        .is_some_and(|l| l.holder as usize == w && until <= l.exp + s.back);
+                    if !ok {
+                        s.flags |= OVER_LEASE;
+                    }
+                }
+            }
+        }
     }
 
     fn valid(&self, s: &St, w: usize) -> bool {
@@ -1102,7 +1411,8 @@ impl Queue {
             Ws::Holding { until, .. } if !guard_gone => until.max(s.now),
             _ => s.now,
         };
-        self.charge(s, kind, l.exp.saturating_sub(from));
+        // (the lock's expiry is a Redis time: `back` ticks later by the waiters' clock)
+        self.charge(s, kind, (l.exp + s.back).saturating_sub(from));
     }
 
     /// `acquire_wait` returns a guard.
@@ -1117,9 +1427,109 @@ impl Queue {
             s.flags |= FENCE_STALE;
         }
         s.top_fence = s.top_fence.max(fence);
-        s.ws[w] = Ws::Holding { until, fence, bg };
+        s.ws[w] = Ws::Holding {
+            until,
+            fence,
+            bg,
+            conf: until,
+            pend: 0,
+            ttl: self.cfg.ttl,
+            care: false,
+            call: None,
+        };
         s.idle = 0;
         s.allowance = 0;
+    }
+
+    /// A holder sends a call that sets its lease to `ttl` (a user's `extend` when `user`, else
+    /// a keep-alive refresh): mirrors `LockGuard::extend` / the refresher with `Lease::sending`
+    /// (the validity is cut at once to what the call gives; R1 reverted: nothing), the call
+    /// (extend.lua), and `on_renew` for its reply. Calls that set the lease take turns: this is
+    /// offered only while none is awaited.
+    fn renew(&self, s: &mut St, w: usize, ttl: u8, user: bool) {
+        let Ws::Holding {
+            until,
+            fence,
+            bg,
+            conf,
+            pend,
+            ttl: old_ttl,
+            care,
+            ..
+        } = s.ws[w]
+        else {
+            return;
+        };
+        let sent = s.now;
+        let (mut until, mut pend) = (until, pend);
+        if !self.reverted(Revert::R1Lease) {
+            let d = sent + ttl;
+            pend = if pend == 0 { d } else { pend.min(d) };
+            until = conf.min(pend);
+        }
+        let p = self.pw(w as W);
+        let stalled = s.procs[p].stalled;
+        if stalled {
+            // Idle cost: the call waits on the stalled connection, and its outcome is unknown:
+            // the guard has given up what the call may have cut, while Redis keeps the lock
+            // until its lease ends (a user's extend holds up the section, and its release).
+            if let Some(l) = s.lock.filter(|l| l.holder as usize == w) {
+                let left = (l.exp + s.back).saturating_sub(until.max(s.now));
+                self.charge(s, COST_STALLED_CALL, left);
+            }
+        }
+        s.ws[w] = Ws::Holding {
+            until,
+            fence,
+            bg,
+            conf,
+            pend,
+            ttl: if user { ttl } else { old_ttl },
+            care,
+            call: stalled.then_some((sent, ttl, user)),
+        };
+        let c = Call::Renew {
+            w: w as W,
+            ttl,
+            awaited: true,
+        };
+        if let Some(r) = self.issue(s, w, c) {
+            self.on_renew(s, w, r, sent, ttl);
+        }
+    }
+
+    /// The reply to a holder's lease-setting call sent at `sent` with `ttl`: `Lease::renewed`
+    /// (the lease is that call's, shorter or longer; R1 reverted: the larger deadline kept) or,
+    /// not held, `mark_lost` (the validity ends now; R1 reverted: kept).
+    fn on_renew(&self, s: &mut St, w: usize, r: Reply, sent: u8, ttl: u8) {
+        let Ws::Holding {
+            until,
+            fence,
+            bg,
+            ttl: t,
+            care,
+            ..
+        } = s.ws[w]
+        else {
+            return;
+        };
+        let r1 = self.reverted(Revert::R1Lease);
+        let until = match r {
+            Reply::NotHeld if r1 => until,
+            Reply::NotHeld => until.min(s.now),
+            _ if r1 => until.max(sent + ttl),
+            _ => sent + ttl,
+        };
+        s.ws[w] = Ws::Holding {
+            until,
+            fence,
+            bg,
+            conf: until,
+            pend: 0,
+            ttl: t,
+            care,
+            call: None,
+        };
     }
 
     // ---------------------------------------------------------------- the client
@@ -1131,7 +1541,7 @@ impl Queue {
             // Idle cost: the lock's holder cannot pass it on while its call waits.
             if let Some(l) = s.lock {
                 if l.holder as usize == w && !self.valid(s, w) {
-                    self.charge(s, COST_STALLED_CALL, l.exp - s.now);
+                    self.charge(s, COST_STALLED_CALL, (l.exp + s.back).saturating_sub(s.now));
                 }
             }
             s.late[p].push(c);
@@ -1147,7 +1557,8 @@ impl Queue {
             if let Ws::Waiting(t) = &mut s.ws[w] {
                 t.permit = true;
                 // Cell::wake with a reason other than Notification / Watch sets `hub_woke`
-                t.hub_wake = !self.reverted(Revert::F4Wake);
+                // (before F4's fix the reason said so: the same, but for a watch message)
+                t.hub_wake = true;
             }
         }
     }
@@ -1224,16 +1635,26 @@ impl Queue {
                 remaining,
                 queued: Some(q),
             } => {
-                t.anchor = Some((q.fence, s.now - sent));
+                t.anchor = Some((q.fence, (self.rnow(s) as i16 - sent as i16) as i8));
                 t.timer = None;
+                // Watch messages published before this attempt ran are stale (`look_at`'s
+                // `None`): the code ignores them when it reads them; here they go now.
+                t.watch_msg = None;
+                let wa = w as W;
+                s.chans[p] = s.chans[p]
+                    .iter()
+                    .copied()
+                    .filter(|m| !matches!(m, Msg::Watch { to, .. } if *to == wa))
+                    .collect();
                 if q.deaf {
                     // hub.lost_subscription: Pending until the subscription is made again; the
                     // loop checks again at once and finds it Pending (`watch = None`)
                     s.procs[p].slot_ok = false;
                     t.watch = None;
                 } else {
+                    // (from the attempt's send: a late reply does not make it look late)
                     t.watch = if q.watcher {
-                        Some(s.now + remaining)
+                        Some(sent + remaining)
                     } else {
                         None
                     };
@@ -1288,7 +1709,7 @@ impl Queue {
             );
             return;
         }
-        let r = self.extend(s, w as W);
+        let r = self.extend(s, w as W, self.cfg.ttl);
         self.on_extend(s, w, r, kind);
     }
 
@@ -1387,10 +1808,13 @@ impl Queue {
         }
         // `cell.take_hub_wake()` (after the grant: a grant taken leaves the flag for later)
         let hub_wake = std::mem::take(&mut t.hub_wake);
-        if let Some(px) = t.watch_msg.take() {
-            t.watch = Some(s.now + px);
+        if let Some((px, by)) = t.watch_msg.take() {
+            // `look_at`: px from now, or earlier by the message's Redis time carried over from
+            // the anchor (a message read late does not make the watcher look late; the stale
+            // ones, published before the anchor ran, were dropped when it ran)
+            t.watch = Some((s.now + px).min(by));
             // `check = hub_woke`: a hub wake always makes it look (F4 reverted: never here)
-            t.check = hub_wake;
+            t.check = hub_wake && !self.reverted(Revert::F4Wake);
         } else {
             // `check = hub_woke || reason is not a message`: a message that left nothing in
             // the mail (a left-over permit, a stale grant) gives nothing to look at.
@@ -1504,7 +1928,22 @@ impl Model for Queue {
             chans: Default::default(),
             late: Default::default(),
             ws: (0..self.nw()).map(|_| Ws::Idle).collect(),
-            budget: [c.losses, c.freezes, c.drops, c.kills, c.stalls],
+            budget: [
+                c.losses,
+                c.freezes,
+                c.drops,
+                c.kills,
+                c.stalls,
+                c.extends,
+                c.refreshes,
+                c.careless,
+                c.steps,
+            ],
+            back: 0,
+            q_exp: 0,
+            p_exp: 0,
+            f_exp: 0,
+            f_gone: false,
             idle: 0,
             allowance: 0,
             top_fence: 0,
@@ -1546,18 +1985,54 @@ impl Model for Queue {
                         out.push(Act::Wake(a));
                     }
                 }
-                Ws::Holding { until, bg, .. } => {
-                    // A holder releases before its lease ends (one that does not is frozen,
-                    // killed or stalled: the faults).
-                    if s.now + 1 >= until {
-                        urgent = true;
-                        busy |= 1 << p;
-                        out.push(Act::Release(a));
-                    } else {
-                        calm.push(Act::Release(a));
+                Ws::Holding {
+                    until,
+                    bg,
+                    care,
+                    call,
+                    ..
+                } => {
+                    if let Some((sent, _, _)) = call {
+                        // its lease-setting call waits on the stalled connection
+                        if s.now >= sent + self.cfg.cmd {
+                            urgent = true;
+                            busy |= 1 << p;
+                            out.push(Act::TimeOut(a));
+                        }
+                    }
+                    // A user's `extend` in flight holds up the section (a refresh does not).
+                    let blocked = matches!(call, Some((_, _, true)));
+                    if care {
+                        // A careless holder overstays: it releases late, or never.
+                        if s.now >= until && !blocked {
+                            calm.push(Act::Release(a));
+                        }
+                    } else if !blocked {
+                        // A holder releases before its lease ends (one that does not is
+                        // frozen, killed or stalled: the faults; or careless).
+                        if s.now + 1 >= until {
+                            urgent = true;
+                            busy |= 1 << p;
+                            out.push(Act::Release(a));
+                        } else {
+                            calm.push(Act::Release(a));
+                        }
                     }
                     if bg && s.now < until && !s.procs[p].stalled {
                         out.push(Act::BgConfirm(a));
+                    }
+                    let valid = s.now < until;
+                    if valid && call.is_none() && !care {
+                        if s.budget[EXTEND] > 0 {
+                            calm.push(Act::Extend(a, false));
+                            calm.push(Act::Extend(a, true));
+                        }
+                        if s.budget[REFRESH] > 0 {
+                            calm.push(Act::Refresh(a));
+                        }
+                        if s.budget[CARELESS] > 0 {
+                            calm.push(Act::Overstay(a));
+                        }
                     }
                 }
                 Ws::Done => {}
@@ -1613,13 +2088,20 @@ impl Model for Queue {
                 }
             }
         }
+        if s.budget[STEP] > 0 && self.rnow(s) >= self.cfg.step {
+            calm.push(Act::StepBack);
+        }
         for a in calm {
             let bit = match a {
                 Act::Freeze(_) => CALM_FREEZE,
                 Act::Kill(_) => CALM_KILL,
                 Act::SubDrop(_) => CALM_DROP,
                 Act::Stall(_) => CALM_STALL,
-                Act::Release(_) => CALM_RELEASE,
+                Act::Release(_)
+                | Act::Extend(..)
+                | Act::Refresh(_)
+                | Act::Overstay(_)
+                | Act::StepBack => CALM_RELEASE,
                 Act::Resume(_) | Act::Resub(_) | Act::Replay(_) => CALM_RECOVER,
                 _ => 0,
             };
@@ -1654,6 +2136,22 @@ impl Model for Queue {
             Act::Wake(w) => self.wake(&mut s, w as usize),
             // mirrors a call's time limit (Engine::*_on's timeout): Waiting::failed -> Step::Failed
             // -> backoff, or take_grant's transient error -> `check = true`; Redis may still run it
+            // a holder's lease-setting call reaches its time limit: its outcome is unknown
+            // (it may still run): the guard keeps its cut (`pend`), and may send another
+            Act::TimeOut(w) if matches!(s.ws[w as usize], Ws::Holding { .. }) => {
+                let w = w as usize;
+                let p = self.pw(w as W);
+                if let Ws::Holding { call, .. } = &mut s.ws[w] {
+                    *call = None;
+                }
+                for c in s.late[p].iter_mut() {
+                    if let Call::Renew { w: cw, awaited, .. } = c {
+                        if *cw as usize == w {
+                            *awaited = false;
+                        }
+                    }
+                }
+            }
             Act::TimeOut(w) => {
                 let w = w as usize;
                 let p = self.pw(w as W);
@@ -1692,15 +2190,17 @@ impl Model for Queue {
                 let Ws::Holding { until, fence, .. } = s.ws[w] else {
                     return None;
                 };
-                let until = match self.extend(&mut s, w as W) {
+                let until = match self.extend(&mut s, w as W, self.cfg.ttl) {
                     Reply::NotHeld => until,
                     _ => until.max(s.now + self.cfg.ttl),
                 };
-                s.ws[w] = Ws::Holding {
-                    until,
-                    fence,
-                    bg: false,
-                };
+                if let Ws::Holding {
+                    until: u, bg, conf, ..
+                } = &mut s.ws[w]
+                {
+                    (*u, *bg, *conf) = (until, false, until);
+                }
+                let _ = fence;
             }
             Act::Deliver(p) => {
                 // mirrors src/wait/notify/hub.rs -> Hub::deliver
@@ -1725,9 +2225,9 @@ impl Model for Queue {
                             );
                         }
                     },
-                    Msg::Watch { to, px } => {
+                    Msg::Watch { to, px, by } => {
                         if let Ws::Waiting(t) = &mut s.ws[to as usize] {
-                            t.watch_msg = Some(px);
+                            t.watch_msg = Some((px, by));
                             t.permit = true;
                         }
                     }
@@ -1790,7 +2290,7 @@ impl Model for Queue {
                 s.chans[p].clear();
                 if let Some(l) = s.lock {
                     if self.pw(l.holder) == p && !self.valid(&s, l.holder as usize) {
-                        let left = l.exp - s.now;
+                        let left = (l.exp + s.back).saturating_sub(s.now);
                         self.charge(&mut s, COST_DROP, left);
                     }
                 }
@@ -1802,6 +2302,40 @@ impl Model for Queue {
                 s.procs[p].sub = true;
                 s.procs[p].slot_ok = true;
                 self.wake_all(&mut s, p);
+            }
+            // a holder's `extend` with another TTL (LockGuard::extend)
+            Act::Extend(w, long) => {
+                s.budget[EXTEND] -= 1;
+                let ttl = if long {
+                    self.cfg.ttl_long
+                } else {
+                    self.cfg.ttl_short
+                };
+                self.renew(&mut s, w as usize, ttl, true);
+            }
+            // a holder's keep-alive refresh (the Refresher), with the holder's TTL
+            Act::Refresh(w) => {
+                s.budget[REFRESH] -= 1;
+                let Ws::Holding { ttl, .. } = s.ws[w as usize] else {
+                    return None;
+                };
+                self.renew(&mut s, w as usize, ttl, false);
+            }
+            // a careless holder: no release before its lease ends (it costs the lock's lease
+            // beyond its guard's validity, if any)
+            Act::Overstay(w) => {
+                s.budget[CARELESS] -= 1;
+                if let Ws::Holding { care, .. } = &mut s.ws[w as usize] {
+                    *care = true;
+                }
+                let p = self.pw(w);
+                self.charge_hold_of(&mut s, p, false, COST_CARELESS);
+            }
+            // Redis' clock steps back (an NTP step, a failover to a node whose clock is behind)
+            Act::StepBack => {
+                s.budget[STEP] -= 1;
+                s.back += self.cfg.step;
+                self.charge(&mut s, COST_STEP, self.cfg.step);
             }
             // a fault: the client connection stalls: calls wait (fred replays them on reconnect)
             Act::Stall(p) => {
@@ -1831,6 +2365,17 @@ impl Model for Queue {
                             let kind = Self::wt(&s, w as usize).inflight.unwrap();
                             self.on_extend(&mut s, w as usize, r, kind);
                         }
+                        Call::Renew {
+                            w, awaited: true, ..
+                        } => {
+                            if let Ws::Holding {
+                                call: Some((sent, ttl, _)),
+                                ..
+                            } = s.ws[w as usize]
+                            {
+                                self.on_renew(&mut s, w as usize, r, sent, ttl);
+                            }
+                        }
                         Call::Acquire { awaited: false, .. }
                             if matches!(r, Reply::Acquired(_) | Reply::Granted(_)) =>
                         {
@@ -1848,6 +2393,10 @@ impl Model for Queue {
                 }
             }
         }
+        if self.cfg.retain.is_some() {
+            self.settle_keys(&mut s);
+        }
+        self.check_leases(&mut s);
         Some(s)
     }
 
@@ -1874,6 +2423,9 @@ impl Model for Queue {
             Property::<Self>::always("(f) full lease at return", |m, s| {
                 m.latch(6, s.flags & SHORT_RETURN == 0)
             }),
+            Property::<Self>::always("(g) a guard never outlives its lease in Redis", |m, s| {
+                m.latch(7, s.flags & OVER_LEASE == 0)
+            }),
             Property::<Self>::sometimes("canary: every waiter ended", |_, s| {
                 s.ws.iter().all(|w| *w == Ws::Done)
             }),
@@ -1883,6 +2435,19 @@ impl Model for Queue {
 }
 
 impl Queue {
+    /// Keys that are gone have no expiry (so that equal Redis states are equal states).
+    fn settle_keys(&self, s: &mut St) {
+        if s.queue.is_empty() {
+            s.q_exp = 0;
+        }
+        if !self.pkey_exists(s) {
+            s.p_exp = 0;
+        }
+        if s.f_gone || s.fence == 0 {
+            s.f_exp = 0;
+        }
+    }
+
     // Time passes: keys expire, records age, dead data is forgotten, the idle ghost counts.
     fn tick(&self, s: &mut St) {
         if self.late_waiter(s) {
@@ -1892,13 +2457,15 @@ impl Queue {
             s.idle = (s.idle + 1).min(s.allowance + 1);
         }
         s.now += 1;
-        let now = s.now;
+        // Redis' clock: its keys expire, and its records age, by it.
+        let now = self.rnow(s);
         if s.lock.is_some_and(|l| l.exp <= now) {
             s.lock = None;
         }
         for pr in s.procs.iter_mut() {
             if let Rec::Seen(t) = pr.rec {
-                if now - t > self.cfg.presence {
+                // (a record in Redis' future stays: it ages once Redis' clock passes it)
+                if now >= t && now - t > self.cfg.presence {
                     pr.rec = Rec::Stale;
                 }
             }
@@ -1908,6 +2475,21 @@ impl Queue {
         }
         for w in s.watchers.iter_mut().flatten() {
             w.0 = clamp(now, w.0);
+        }
+        // The retention: the queue, the processes hash and the fence counter expire.
+        if self.cfg.retain.is_some() {
+            if s.q_exp != 0 && s.q_exp <= now {
+                s.queue.clear();
+            }
+            if s.p_exp != 0 && s.p_exp <= now {
+                self.del_pkey(s);
+            }
+            if s.f_exp != 0 && s.f_exp <= now {
+                s.f_gone = true;
+                s.fence_q = false;
+                s.fence_pending = None;
+            }
+            self.settle_keys(s);
         }
         let px_max = self.cfg.ttl.max(self.cfg.own_claim);
         let bug = self.cfg.bug != Bug::None;
@@ -1919,27 +2501,37 @@ impl Queue {
                 at
             }
         };
+        // (a grant's time is Redis': one before Redis' now can no longer be used at once, as
+        // Redis' clock only steps back; a waiter's timers are its own clock's)
+        let local = s.now;
         for ws in s.ws.iter_mut() {
             if let Ws::Waiting(t) = ws {
                 if let Some(x) = t.watch.as_mut() {
-                    if *x <= now {
+                    if *x <= local {
                         *x = 0;
                     }
                 }
                 if let Some(x) = t.timer.as_mut() {
-                    if *x <= now {
+                    if *x <= local {
                         *x = 0;
                     }
                 }
                 if let Some(g) = t.grant.as_mut() {
                     g.at = forget(g.at);
                 }
+                if let Some((_, by)) = t.watch_msg.as_mut() {
+                    if *by <= local {
+                        *by = 0;
+                    }
+                }
             }
         }
         for ch in s.chans.iter_mut() {
             for m in ch.iter_mut() {
-                if let Msg::Grant { at, .. } = m {
-                    *at = forget(*at);
+                match m {
+                    Msg::Grant { at, .. } => *at = forget(*at),
+                    Msg::Watch { by, .. } if *by <= local => *by = 0,
+                    _ => {}
                 }
             }
         }
@@ -1962,7 +2554,7 @@ fn rename_msg(m: Msg, f: impl Fn(W) -> W) -> Msg {
             px,
             at,
         },
-        Msg::Watch { to, px } => Msg::Watch { to: f(to), px },
+        Msg::Watch { to, px, by } => Msg::Watch { to: f(to), px, by },
         Msg::Dropped => Msg::Dropped,
     }
 }
@@ -1980,6 +2572,11 @@ fn rename_call(c: Call, f: impl Fn(W) -> W) -> Call {
             w: f(w),
             member,
             flag,
+        },
+        Call::Renew { w, ttl, awaited } => Call::Renew {
+            w: f(w),
+            ttl,
+            awaited,
         },
     }
 }
@@ -2091,7 +2688,8 @@ pub fn canonical(s: &St) -> St {
                 Call::Acquire { w, .. }
                 | Call::Extend { w, .. }
                 | Call::Release { w }
-                | Call::Leave { w, .. } => w,
+                | Call::Leave { w, .. }
+                | Call::Renew { w, .. } => w,
             };
             if cw as usize == w {
                 calls |= 1 << i;
@@ -2192,7 +2790,10 @@ impl Queue {
             | Act::Wake(w)
             | Act::TimeOut(w)
             | Act::Release(w)
-            | Act::BgConfirm(w) => Some(w),
+            | Act::BgConfirm(w)
+            | Act::Extend(w, _)
+            | Act::Refresh(w)
+            | Act::Overstay(w) => Some(w),
             _ => None,
         };
         match *a {
@@ -2251,7 +2852,7 @@ impl Queue {
                             ", a short grant"
                         }
                     );
-                } else if let Some(px) = t.watch_msg {
+                } else if let Some((px, _)) = t.watch_msg {
                     let _ = write!(o, " and reads a watch message (look in {px} ticks)");
                 } else if s.now >= t.deadline {
                     o.push_str(" at its deadline");
@@ -2289,7 +2890,7 @@ impl Queue {
                             );
                         }
                     }
-                    Msg::Watch { to, px } => {
+                    Msg::Watch { to, px, .. } => {
                         let _ = write!(
                             o,
                             "P{p}'s dispatcher receives a watch message for {} (look in {px})",
@@ -2348,6 +2949,27 @@ impl Queue {
             Act::Stall(p) => {
                 let _ = write!(o, "P{p}'s client connection stalls");
             }
+            Act::Extend(w, long) => {
+                let ttl = if long {
+                    self.cfg.ttl_long
+                } else {
+                    self.cfg.ttl_short
+                };
+                let _ = write!(o, "{} calls extend({ttl} ticks)", self.wn(w));
+            }
+            Act::Refresh(w) => {
+                let _ = write!(o, "{}'s keep-alive refreshes its lock", self.wn(w));
+            }
+            Act::Overstay(w) => {
+                let _ = write!(
+                    o,
+                    "{} is careless: it will not release before its lease ends",
+                    self.wn(w)
+                );
+            }
+            Act::StepBack => {
+                let _ = write!(o, "Redis' clock steps back {} ticks", self.cfg.step);
+            }
             Act::Replay(p) => {
                 let c = s.late[p as usize].first().copied();
                 match c {
@@ -2372,6 +2994,15 @@ impl Queue {
                                 }
                             ),
                             Call::Release { w } => format!("{}'s release", self.wn(w)),
+                            Call::Renew { w, ttl, awaited } => format!(
+                                "{}'s extend to {ttl} ticks{}",
+                                self.wn(w),
+                                if awaited {
+                                    " (its caller still waits for the reply)"
+                                } else {
+                                    " (its caller gave up on it)"
+                                }
+                            ),
                             Call::Leave {
                                 w, flag: Flag::G, ..
                             } => format!("{}'s leave ('G')", self.wn(w)),
@@ -2414,7 +3045,7 @@ impl Queue {
                             "Redis publishes a grant to {} (fence {fence}, lease {px} ticks from tick {at})",
                             self.wn(to)
                         )),
-                        Msg::Watch { to, px } => {
+                        Msg::Watch { to, px, .. } => {
                             eff.push(format!("Redis tells {} to watch (look in {px} ticks)", self.wn(to)))
                         }
                         Msg::Dropped => eff.push(format!("Redis tells P{p} that its waiters were dropped")),
@@ -2468,7 +3099,9 @@ impl Queue {
             }
             let who = self.wn(w as W);
             match f {
-                Ws::Holding { until, fence, bg } if !matches!(b, Ws::Holding { .. }) => {
+                Ws::Holding {
+                    until, fence, bg, ..
+                } if !matches!(b, Ws::Holding { .. }) => {
                     let mut note = String::new();
                     if matches!(a, Act::Wake(_)) && s.lock != n.lock {
                         note.push_str(" after confirming the grant (extend)");

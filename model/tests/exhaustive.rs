@@ -50,17 +50,28 @@ const C: &str = "(c) guard fences strictly increase";
 const C2: &str = "(c2) a guard's fence is its hold's";
 const D: &str = "(d) every wait ends by its deadline";
 const F: &str = "(f) full lease at return";
+const G: &str = "(g) a guard never outlives its lease in Redis";
 
-/// The model with these fault families (budget 1 each): loss, freeze, drop, kill, stall.
+/// The model with these fault families (budget 1 each): loss, freeze, drop, kill, stall; and
+/// holders' own calls and Redis' clock (each one more per mention): extend (with a shorter or
+/// a longer TTL), refresh, careless (a holder that overstays its lease), step (Redis' clock
+/// steps back); `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`.
 fn with(faults: &[&str]) -> Cfg {
     let mut c = Cfg::default();
     for f in faults {
         match *f {
             "loss" => c.losses = 1,
-            "freeze" => c.freezes = 1,
+            "freeze" => c.freezes += 1,
             "drop" => c.drops = 1,
-            "kill" => c.kills = 1,
+            "kill" => c.kills += 1,
             "stall" => c.stalls = 1,
+            "extend" => c.extends += 1,
+            "refresh" => c.refreshes += 1,
+            "careless" => c.careless += 1,
+            "step" => c.steps += 1,
+            x if x.starts_with("retain=") => c.retain = Some(x[7..].parse().expect("ticks")),
+            x if x.starts_with("horizon=") => c.horizon = x[8..].parse().expect("ticks"),
+            x if x.starts_with("wait=") => c.wait = x[5..].parse().expect("ticks"),
             other => panic!("unknown fault family {other}"),
         }
     }
@@ -123,12 +134,12 @@ fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
 
 #[test]
 fn no_faults() {
-    exhaustive("no faults", with(&[]), 15_600, &[]);
+    exhaustive("no faults", with(&[]), 19_300, &[]);
 }
 
 #[test]
 fn loss_freeze() {
-    exhaustive("loss + freeze", with(&["loss", "freeze"]), 2_000_000, &[]);
+    exhaustive("loss + freeze", with(&["loss", "freeze"]), 2_306_000, &[]);
 }
 
 #[test]
@@ -136,14 +147,14 @@ fn loss_drop() {
     exhaustive(
         "loss + subscriber drop",
         with(&["loss", "drop"]),
-        2_150_000,
+        3_096_000,
         &[],
     );
 }
 
 #[test]
 fn loss_kill() {
-    exhaustive("loss + kill", with(&["loss", "kill"]), 359_000, &[]);
+    exhaustive("loss + kill", with(&["loss", "kill"]), 510_000, &[]);
 }
 
 #[test]
@@ -151,7 +162,7 @@ fn loss_stall() {
     exhaustive(
         "loss + stalled calls",
         with(&["loss", "stall"]),
-        967_000,
+        1_182_000,
         &[],
     );
 }
@@ -161,14 +172,14 @@ fn freeze_drop() {
     exhaustive(
         "freeze + subscriber drop",
         with(&["freeze", "drop"]),
-        6_630_000,
+        7_391_000,
         &[],
     );
 }
 
 #[test]
 fn freeze_kill() {
-    exhaustive("freeze + kill", with(&["freeze", "kill"]), 1_327_000, &[]);
+    exhaustive("freeze + kill", with(&["freeze", "kill"]), 1_344_000, &[]);
 }
 
 #[test]
@@ -176,7 +187,7 @@ fn freeze_stall() {
     exhaustive(
         "freeze + stalled calls",
         with(&["freeze", "stall"]),
-        3_818_000,
+        3_744_000,
         &[],
     );
 }
@@ -186,7 +197,7 @@ fn drop_kill() {
     exhaustive(
         "subscriber drop + kill",
         with(&["drop", "kill"]),
-        1_305_000,
+        1_558_000,
         &[],
     );
 }
@@ -196,7 +207,7 @@ fn drop_stall() {
     exhaustive(
         "subscriber drop + stalled calls",
         with(&["drop", "stall"]),
-        5_492_000,
+        6_469_000,
         &[],
     );
 }
@@ -206,7 +217,91 @@ fn kill_stall() {
     exhaustive(
         "kill + stalled calls",
         with(&["kill", "stall"]),
-        537_000,
+        603_000,
+        &[],
+    );
+}
+
+// ---------------------------------------------------------------- the reach of review 2
+//
+// What let review 2's findings through, now in the model: holders that `extend` with another
+// TTL (shorter or longer) and refresh, with calls whose outcome is unknown; careless holders
+// that overstay their lease without a fault; the retention (the queue, the processes hash and
+// the fence counter expire); Redis' clock stepping back; three faults at once.
+
+#[test]
+fn holders_extend_and_refresh_with_stalled_calls() {
+    exhaustive(
+        "extend + refresh + stalled calls",
+        with(&["extend", "refresh", "stall"]),
+        4_115_000,
+        &[],
+    );
+}
+
+#[test]
+fn holders_extend_and_refresh_with_a_kill() {
+    exhaustive(
+        "extend + refresh + kill",
+        with(&["extend", "refresh", "kill"]),
+        1_430_000,
+        &[],
+    );
+}
+
+/// Two holders in a row overstay their leases, and a process freezes (a longer run: the
+/// second lease must end before the deadlines).
+#[test]
+fn careless_holders_and_a_freeze() {
+    exhaustive(
+        "careless x 2 + freeze (horizon 10, wait 10)",
+        with(&["careless", "careless", "freeze", "horizon=10", "wait=10"]),
+        3_479_000,
+        &[],
+    );
+}
+
+#[test]
+fn retention_with_long_holds() {
+    exhaustive(
+        "retention 2 + refresh + extend",
+        with(&["retain=2", "refresh", "extend"]),
+        397_000,
+        &[],
+    );
+}
+
+#[test]
+fn retention_with_a_careless_holder_and_a_freeze() {
+    exhaustive(
+        "retention 2 + refresh + careless + freeze",
+        with(&["retain=2", "refresh", "careless", "freeze"]),
+        2_393_000,
+        &[],
+    );
+}
+
+#[test]
+fn redis_clock_steps_back_and_a_freeze() {
+    exhaustive(
+        "clock step + freeze",
+        with(&["step", "freeze"]),
+        2_320_000,
+        &[],
+    );
+}
+
+#[test]
+fn redis_clock_steps_back_and_a_kill() {
+    exhaustive("clock step + kill", with(&["step", "kill"]), 480_000, &[]);
+}
+
+#[test]
+fn three_faults_loss_freeze_kill() {
+    exhaustive(
+        "loss + freeze + kill",
+        with(&["loss", "freeze", "kill"]),
+        7_482_000,
         &[],
     );
 }
@@ -221,7 +316,7 @@ fn shortest(name: &str, cfg: Cfg, property: &'static str) -> Vec<Act> {
     m.first_only = true;
     let c = m
         .checker()
-        .finish_when(HasDiscoveries::AnyFailures)
+        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
         .spawn_bfs()
         .join();
     let path = c
@@ -362,33 +457,38 @@ fn finding_f2_lapse_strands_waiters() {
         Start(1),
         Start(2),
         Attempt(2),
+        Attempt(1),
         Start(3),
         Attempt(3),
         Start(4),
         Attempt(4),
         Start(5),
         Attempt(5),
+        Tick,
+        Tick,
+        Freeze(1),
         Release(0),
-        Attempt(1),
-        Deliver(1),
-        Wake(2),
-        Release(2),
-        Deliver(1),
-        Wake(3),
-        Tick,
-        Tick,
-        Freeze(2),
-        Release(3),
+        Deliver(0),
+        Wake(1),
         Tick,
         Tick,
         Wake(1),
         Attempt(1),
-        Release(1),
-        Resume(2),
         Wake(4),
         Attempt(4),
+        Release(1),
+        Deliver(2),
+        Wake(4),
         Deliver(2),
         Release(4),
+        Deliver(2),
+        Wake(5),
+        Release(5),
+        Resume(1),
+        Wake(2),
+        Attempt(2),
+        Deliver(1),
+        Release(2),
         Tick,
     ];
     let cfg = with(&["freeze"]);
@@ -417,6 +517,7 @@ fn finding_f3_stale_fence() {
         Attempt(1),
         Deliver(1),
         Wake(2),
+        Deliver(1),
         Release(2),
         Deliver(1),
         Wake(3),
@@ -430,6 +531,8 @@ fn finding_f3_stale_fence() {
         Notice(0),
         Wake(1),
         Attempt(1),
+        Deliver(2),
+        Deliver(2),
         Release(4),
         Deliver(2),
         Wake(5),
@@ -479,6 +582,8 @@ fn finding_f3_fence_regression() {
         Notice(0),
         Wake(1),
         Attempt(1),
+        Deliver(2),
+        Deliver(2),
         Release(4),
         Deliver(0),
         Deliver(2),
@@ -514,7 +619,6 @@ fn finding_f4_wake_absorbed_by_watch() {
     let t = [
         Start(0),
         Start(1),
-        Attempt(1),
         Start(2),
         Attempt(2),
         Start(3),
@@ -524,22 +628,14 @@ fn finding_f4_wake_absorbed_by_watch() {
         Start(5),
         Attempt(5),
         Release(0),
-        Deliver(0),
-        Wake(1),
-        Release(1),
+        Attempt(1),
         Deliver(1),
         Wake(2),
-        Release(2),
         Deliver(1),
+        Release(2),
+        Lose(1),
+        Notice(1),
         Wake(3),
-        Release(3),
-        Deliver(2),
-        Wake(4),
-        Deliver(2),
-        Release(4),
-        Lose(2),
-        Notice(2),
-        Wake(5),
         Tick,
     ];
     let cfg = with(&["loss"]);
@@ -557,32 +653,24 @@ fn finding_f5_lapsed_release_serves_nobody() {
     let t = [
         Start(0),
         Start(1),
-        Attempt(1),
         Start(2),
         Attempt(2),
-        Start(3),
-        Attempt(3),
         Start(4),
         Attempt(4),
-        Start(5),
-        Attempt(5),
-        Release(0),
-        Deliver(0),
-        Wake(1),
-        Release(1),
-        Deliver(1),
-        Wake(2),
-        Stall(1),
-        Release(2),
-        Tick,
-        Tick,
-        Tick,
-        Tick,
+        Attempt(1),
+        Kill(1),
         Kill(2),
-        Replay(1),
+        Stall(0),
+        Tick,
+        Tick,
+        Tick,
+        Release(0),
+        Tick,
+        Replay(0),
+        Tick,
         Tick,
     ];
-    let cfg = with(&["kill", "stall"]);
+    let cfg = with(&["kill", "kill", "stall"]);
     finding("F5", reverted(cfg.clone(), Revert::F5Release), cfg, &t, B);
 }
 
@@ -605,27 +693,27 @@ fn finding_f6_confirm_overruns_deadline() {
         Attempt(4),
         Start(5),
         Attempt(5),
+        Stall(0),
         Release(0),
-        Deliver(0),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
         Wake(1),
-        Stall(2),
-        Tick,
-        Tick,
-        Tick,
-        Release(1),
-        Deliver(1),
+        Attempt(1),
         Wake(2),
-        Deliver(2),
+        Attempt(2),
         Wake(4),
+        Attempt(4),
+        Deliver(0),
         Tick,
         Tick,
-        Tick,
+        TimeOut(1),
+        Wake(1),
         Wake(3),
-        Release(2),
+        Wake(2),
         Wake(5),
-        Deliver(2),
         Wake(4),
-        Deliver(2),
         Tick,
     ];
     finding("F6", reverted(cfg.clone(), Revert::F6Limit), cfg, &t, D);
@@ -664,4 +752,231 @@ fn finding_f7_holder_unknown() {
     ];
     let cfg = with(&["freeze", "kill"]);
     finding("F7", reverted(cfg.clone(), Revert::F7Holder), cfg, &t, B);
+}
+
+// ---------------------------------------------------------------- review 2's findings
+//
+// Each pinned as a shortest trace (1-thread BFS, `examples/explore.rs`) with only its fix
+// reverted; on the code as it is its steps do not happen or do not break the property.
+
+/// Review 2, finding 1: `extend` to a shorter TTL shortened Redis' lease, and the guard kept
+/// its larger deadline. w0 holds until tick 4 and calls extend(1 tick): Redis' lease ends at
+/// tick 1, the guard still reads valid until tick 4. The rule itself (g) breaks at once.
+#[test]
+fn finding_r1_shorter_extend_breaks_the_lease_rule() {
+    let t = [
+        Start(0),
+        Start(1),
+        Attempt(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Start(5),
+        Attempt(5),
+        Extend(0, false),
+    ];
+    let cfg = with(&["extend"]);
+    finding("R1 (g)", reverted(cfg.clone(), Revert::R1Lease), cfg, &t, G);
+}
+
+/// Finding 1 as two valid holders: the watchers, told the new lease end, look at tick 1 and
+/// w2 takes the lock while w0's guard reads valid until tick 4.
+#[test]
+fn finding_r1_shorter_extend_two_holders() {
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Attempt(1),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Start(5),
+        Attempt(5),
+        Extend(0, false),
+        Deliver(1),
+        Wake(2),
+        Deliver(2),
+        Wake(4),
+        Tick,
+        Wake(2),
+        Attempt(2),
+    ];
+    let cfg = with(&["extend"]);
+    finding("R1 (a)", reverted(cfg.clone(), Revert::R1Lease), cfg, &t, A);
+}
+
+/// Review 2, finding 2: w0 (P0) overstays; at its lease end the watcher w2 (P1) takes the free
+/// lock as the oldest live waiter (serve's 'self') and the watcher fields are not chosen again:
+/// they name w2 itself and w4 (P2), frozen. w2 overstays too: at its lease end nobody looks,
+/// and w1 (P0), w3 (P1) sleep with the lock free.
+#[test]
+fn finding_r2_self_path_keeps_stale_watchers() {
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Attempt(1),
+        Start(5),
+        Attempt(5),
+        Overstay(0),
+        Freeze(2),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+        Wake(2),
+        Attempt(2),
+        Overstay(2),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+    ];
+    let cfg = with(&["careless", "careless", "freeze", "horizon=10", "wait=10"]);
+    finding("R2", reverted(cfg.clone(), Revert::R2SelfWatch), cfg, &t, B);
+}
+
+/// Review 2, finding 3: with a retention of 2 ticks the queue expired 2 ticks after its last
+/// new member, while w0 still held the lock (until tick 4): its release at tick 2 granted
+/// nobody and the lock was free with five waiters waiting.
+#[test]
+fn finding_r3_queue_expires_under_its_waiters() {
+    let t = [
+        Start(0),
+        Start(1),
+        Attempt(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Start(5),
+        Attempt(5),
+        Tick,
+        Tick,
+        Release(0),
+        Tick,
+    ];
+    let cfg = with(&["retain=2"]);
+    finding("R3", reverted(cfg.clone(), Revert::R3Retention), cfg, &t, B);
+}
+
+/// Review 2, finding 4: P0 freezes at tick 1, right after its last call; Redis' clock steps
+/// back 2 ticks, so P0's record is in Redis' future and counted as fresh: w1 (P0, frozen) gets
+/// a full grant (4 ticks) instead of a short one, and the live waiters wait it out.
+#[test]
+fn finding_r4_record_in_redis_future() {
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Attempt(1),
+        Start(4),
+        Attempt(4),
+        Start(5),
+        Attempt(5),
+        Tick,
+        Release(0),
+        Deliver(0),
+        Wake(1),
+        Deliver(1),
+        Wake(2),
+        Freeze(0),
+        Tick,
+        StepBack,
+        Release(2),
+        Deliver(1),
+        Wake(3),
+        Release(3),
+        Tick,
+        Tick,
+        Wake(4),
+        Attempt(4),
+        Tick,
+    ];
+    let cfg = with(&["step", "freeze"]);
+    finding("R4", reverted(cfg.clone(), Revert::R4Future), cfg, &t, B);
+}
+
+/// R5, found by this model once holders could overstay: w2 (P1) holds and overstays; the
+/// watchers came only from processes other than the holder's, and only P2 was left, frozen.
+/// Nobody looks when the lease ends, and w3 (P1, running) sleeps with the lock free. Fixed:
+/// fewer than two watchers from other processes, the rest from the holder's own.
+#[test]
+fn finding_r5_watchers_only_outside_the_holders_process() {
+    let t = [
+        Start(0),
+        Start(1),
+        Attempt(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Start(5),
+        Attempt(5),
+        Release(0),
+        Deliver(0),
+        Wake(1),
+        Release(1),
+        Deliver(1),
+        Wake(2),
+        Overstay(2),
+        Freeze(2),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+    ];
+    let cfg = with(&["careless", "freeze"]);
+    finding("R5", reverted(cfg.clone(), Revert::R5Fill), cfg, &t, B);
+}
+
+/// The bounds' stated limit, with a careless holder: w0 (P0) overstays while both watchers'
+/// processes fail (P2 killed, P1 frozen). That is three incidents, as a crashed holder with both
+/// watchers gone, which the bounds leave to a waiter's last-resort look (100 s in the code): w1
+/// (P0, running, not a watcher: two other processes were) sleeps with the lock free. On the
+/// code as it is.
+#[test]
+fn limit_a_careless_holder_with_both_watchers_gone() {
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Start(4),
+        Attempt(4),
+        Attempt(1),
+        Kill(2),
+        Overstay(0),
+        Freeze(1),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+    ];
+    let cfg = with(&["careless", "freeze", "kill"]);
+    let words = replay("limit", cfg, &t, B, true).expect("the trace replays");
+    println!("limit: (b), {} steps\n{words}", t.len());
 }
