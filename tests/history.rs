@@ -18,8 +18,11 @@
 //!   grant channel, no registry entry, no background task, no lock key.
 //!
 //! Operations: `acquire_wait` with random waits (0 included) and holds, some refreshed past
-//! their TTL; cancellation at a random await (a timeout around `acquire_wait`); `run` with
-//! refresh; one-shot `acquire`; on a queued and a polling locker. Faults, on a seeded schedule:
+//! their TTL, a third of them calling `extend` with a random shorter or longer TTL (30 ms to
+//! 2 s) during the hold; cancellation at a random await (a timeout around `acquire_wait`);
+//! `run` with refresh; one-shot `acquire`; careless holders that overstay their lease and
+//! write late (the fence must stop them); on a queued and a polling locker, all with a
+//! retention (1 s) shorter than the long holds. Faults, on a seeded schedule:
 //! `CLIENT KILL` of the subscriber connections and of the command connections, `SIGSTOP` /
 //! `SIGCONT` of a worker, `DEBUG SLEEP`, and a kill -9 and restart of Redis (with an
 //! `appendfsync always` AOF, so that an acknowledged lock survives the restart: without it a
@@ -54,6 +57,9 @@ const TTL: Duration = Duration::from_millis(800);
 const CMD_TIMEOUT: Duration = Duration::from_millis(400);
 /// The claim window (the library's default).
 const CLAIM: Duration = waitlock::DEFAULT_CLAIM_WINDOW;
+/// The lockers' retention: shorter than the long holds (review 2, finding 3: a queue, its
+/// processes hash and its fence counter must live while waiters wait, however long).
+const RETENTION: Duration = Duration::from_secs(1);
 
 /// The fence-checking store: refuses a read or write whose fence is below the highest it has
 /// seen for the key. KEYS: counter, max fence, accepted writes. ARGV: fence, "read" | "write",
@@ -132,7 +138,8 @@ async fn worker() {
     let builder = Locker::connect(&env("H_URL"))
         .await
         .expect("worker connects")
-        .command_timeout(CMD_TIMEOUT);
+        .command_timeout(CMD_TIMEOUT)
+        .retention(RETENTION);
     match env("H_LOCKER").as_str() {
         "queue" => worker_with(builder.queued().build().await.expect("queued locker")).await,
         _ => worker_with(builder.build().expect("polling locker")).await,
@@ -270,12 +277,15 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
                     rng.ms(0, 12)
                 };
                 let (name, outcome): (&str, Result<Option<Hold>, Error>) = if op < 45 {
-                    // acquire_wait, hold (refreshed when long, or half the time), release.
+                    // acquire_wait, hold (refreshed when long, or half the time), release; one
+                    // hold in three calls `extend` with a shorter or a longer TTL first, after
+                    // a pause (review 2, finding 1: the guard must follow Redis' new lease).
                     let r = locker.acquire_wait(key, &opts).await;
                     let refresh = !careless && (hold > TTL / 2 || rng.below(2) == 0);
+                    let extend = (rng.below(3) == 0).then(|| (rng.ms(0, 20), rng.ms(30, 2000)));
                     (
                         "wait",
-                        guard_hold(r, &store, key, hold, refresh, careless).await,
+                        guard_hold(r, &store, key, hold, refresh, careless, extend).await,
                     )
                 } else if op < 65 {
                     // Cancelled at a random await (or not, if it is quick).
@@ -284,7 +294,8 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
                         Err(_) => ("cancel", Ok(None)),
                         Ok(r) => (
                             "wait",
-                            guard_hold(r, &store, key, hold.min(TTL / 4), false, careless).await,
+                            guard_hold(r, &store, key, hold.min(TTL / 4), false, careless, None)
+                                .await,
                         ),
                     }
                 } else if op < 90 {
@@ -328,7 +339,8 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
                         Err(Error::Locked { .. }) => ("once", Ok(None)),
                         r => (
                             "once",
-                            guard_hold(r, &store, key, hold.min(TTL / 4), false, careless).await,
+                            guard_hold(r, &store, key, hold.min(TTL / 4), false, careless, None)
+                                .await,
                         ),
                     }
                 };
@@ -362,7 +374,10 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
     common::worker::finish_locker(&locker, pipe).await;
 }
 
-/// Holds a lock `acquire_wait` or `acquire` returned: the section, then the release.
+/// Holds a lock `acquire_wait` or `acquire` returned: the section, then the release. With
+/// `extend` = (pause, ttl), the holder calls `extend(ttl)` after the pause, with its keep-alive
+/// running when it refreshes: the section then runs on the new lease (a shorter one may end
+/// before the section does; its writes then stop, or meet the fence if careless).
 async fn guard_hold(
     r: Result<waitlock::LockGuard, Error>,
     store: &Client,
@@ -370,10 +385,16 @@ async fn guard_hold(
     hold: Duration,
     refresh: bool,
     careless: bool,
+    extend: Option<(Duration, Duration)>,
 ) -> Result<Option<Hold>, Error> {
     let mut g = r?;
     let acquired = now_ns();
     let lost = refresh.then(|| g.keep_alive());
+    if let Some((pause, ttl)) = extend {
+        tokio::time::sleep(pause).await;
+        // A failure (the lock gone, Redis unreachable) shows in the guard's validity and loss.
+        let _ = g.extend(ttl).await;
+    }
     let fence = g.fence();
     let (refused_valid, zombie) = {
         let g = &g;
