@@ -1117,7 +1117,11 @@ impl Queue {
         self.fence_flags(s, true, s.fence_pending, None);
         let deaf = !self.listener(s, p);
         let watcher = self.watching(s, w, pttl);
-        self.keep(s, pttl);
+        // the first member keeps the queue (later ones find it kept: by the first, or by the
+        // calls that set the lease since)
+        if s.queue.len() == 1 {
+            self.keep(s, pttl);
+        }
         Reply::Locked {
             remaining: pttl,
             queued: Some(Queued {

@@ -266,7 +266,7 @@ fn retention_with_long_holds() {
     exhaustive(
         "retention 2 + refresh + extend",
         with(&["retain=2", "refresh", "extend"]),
-        397_000,
+        552_000,
         &[],
     );
 }
@@ -276,7 +276,7 @@ fn retention_with_a_careless_holder_and_a_freeze() {
     exhaustive(
         "retention 2 + refresh + careless + freeze",
         with(&["retain=2", "refresh", "careless", "freeze"]),
-        2_393_000,
+        3_233_000,
         &[],
     );
 }

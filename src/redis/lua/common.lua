@@ -455,8 +455,12 @@ local function slow()
     local listening = 0
     if listener(HUB) then listening = 1 end
     local watcher = watching(pttl)
-    keep(pttl)
-    return {2, pttl, 1, listening, f, watcher, now_us(), redis.call('ZCARD', q)}
+    local depth = redis.call('ZCARD', q)
+    -- The first member of a queue gives it (and the processes hash) the lease plus the
+    -- retention. A queue that already had members has that life at least: from its first
+    -- member, or from the last call that set the lease since (they all `keep` it).
+    if depth == 1 then keep(pttl) end
+    return {2, pttl, 1, listening, f, watcher, now_us(), depth}
   end
 
   -- Process `hub` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
