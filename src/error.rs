@@ -277,9 +277,17 @@ impl Error {
                 ) && matches!(source.kind(), K::IO | K::Timeout | K::Canceled)
             }
             Error::Redis { source, .. } => {
+                // (Routing: a redirection fred could not follow, e.g. while a Cluster slot
+                // moves; the call may have run: its outcome is unknown, as a timeout's.)
                 matches!(
                     source.kind(),
-                    K::IO | K::Timeout | K::Canceled | K::Backpressure | K::Cluster | K::Sentinel
+                    K::IO
+                        | K::Timeout
+                        | K::Canceled
+                        | K::Backpressure
+                        | K::Cluster
+                        | K::Sentinel
+                        | K::Routing
                 ) || source.details().starts_with("LOADING")
                     || source.details().starts_with("BUSY")
                     // A demoted primary (Sentinel failover): the client reconnects to the new one.
