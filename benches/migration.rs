@@ -12,7 +12,8 @@
 //! 100. Reports the move's length, the longest stretch with no successful acquire + release,
 //! and the failed calls.
 //!
-//! `cargo bench --bench migration`.
+//! `cargo bench --bench migration` (`MIGRATION_DEBUG=1`: every failed call, and the stalls after
+//! a move).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -145,13 +146,24 @@ async fn measure(cluster: &Arc<RedisCluster>, key: &str, others: usize, batch: u
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 match locker.acquire(&key, &opts).await {
-                    Ok(g) => match g.release().await {
-                        Ok(()) => done.lock().expect("log").push(Instant::now()),
-                        Err(_) => {
-                            failed.fetch_add(1, Ordering::Relaxed);
+                    Ok(g) => {
+                        let token = g.token().to_owned();
+                        match g.release().await {
+                            Ok(()) => done.lock().expect("log").push(Instant::now()),
+                            Err(e) => {
+                                if std::env::var("MIGRATION_DEBUG").is_ok() {
+                                    eprintln!("{:?} release {token}: {e}", Instant::now());
+                                }
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
-                    },
-                    Err(_) => {
+                    }
+                    Err(e) => {
+                        if std::env::var("MIGRATION_DEBUG").is_ok()
+                            && !matches!(e, waitlock::Error::Locked { .. })
+                        {
+                            eprintln!("{:?} acquire: {e}", Instant::now());
+                        }
                         failed.fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
@@ -177,6 +189,9 @@ async fn measure(cluster: &Arc<RedisCluster>, key: &str, others: usize, batch: u
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let recovered = after.elapsed();
+    if std::env::var("MIGRATION_DEBUG").is_ok() && recovered > Duration::from_millis(100) {
+        eprintln!("{key}: stalled {recovered:?} after the move");
+    }
     stop.store(true, Ordering::Relaxed);
     looper.await.expect("looper");
     let times = done.lock().expect("log").clone();

@@ -278,7 +278,9 @@ impl Error {
             }
             Error::Redis { source, .. } => {
                 // (Routing: a redirection fred could not follow, e.g. while a Cluster slot
-                // moves; the call may have run: its outcome is unknown, as a timeout's.)
+                // moves; Unknown: fred's own ends of a call, "channel closed" when its
+                // connection task ended, "Too many failed write attempts."; either call may
+                // have run: its outcome is unknown, as a timeout's.)
                 matches!(
                     source.kind(),
                     K::IO
@@ -288,6 +290,7 @@ impl Error {
                         | K::Cluster
                         | K::Sentinel
                         | K::Routing
+                        | K::Unknown
                 ) || source.details().starts_with("LOADING")
                     || source.details().starts_with("BUSY")
                     // A demoted primary (Sentinel failover): the client reconnects to the new one.

@@ -168,7 +168,9 @@ impl LockGuard {
     /// Stops the keep-alive first, so no refresh is sent after this call starts.
     ///
     /// Errors: [`Error::NotHeld`] when the token no longer held the key (it expired or was
-    /// taken), or a Redis error (the lock then expires by its TTL).
+    /// taken), or a Redis error: when Redis could not be reached (a timeout, a dropped
+    /// connection, a Cluster slot that is moving), the release is tried again in the
+    /// background until the lease ends, and the lock expires by its TTL if none gets through.
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped, the guard's drop sends the release in the
@@ -192,7 +194,17 @@ impl LockGuard {
             Ok(Released::NotHeld) => Err(Error::NotHeld {
                 key: self.names.key.clone(),
             }),
-            Err(e) => Err(e),
+            Err(e) => {
+                if e.is_transient() {
+                    self.engine.release_in_background(
+                        self.names.clone(),
+                        std::mem::take(&mut self.token),
+                        std::mem::take(&mut self.hub),
+                        self.lease_end(),
+                    );
+                }
+                Err(e)
+            }
         }
     }
 
@@ -303,6 +315,13 @@ impl LockGuard {
         }
     }
 
+    /// When Redis lets the lock go by itself at the latest, as this guard knows it: its
+    /// validity plus the margin it kept (a release tried after that finds nothing to do).
+    fn lease_end(&self) -> Instant {
+        let s = self.lease.lock();
+        s.valid_until + crate::hold::lease::margin(s.ttl) * 2
+    }
+
     pub(crate) fn lease(&self) -> Arc<Lease> {
         Arc::clone(&self.lease)
     }
@@ -316,10 +335,12 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_task();
         if !self.released {
+            let until = self.lease_end();
             self.engine.release_in_background(
                 self.names.clone(),
                 std::mem::take(&mut self.token),
                 std::mem::take(&mut self.hub),
+                until,
             );
         }
     }

@@ -41,22 +41,47 @@ impl Engine {
         });
     }
 
-    /// Releases in a background task (a guard dropped without `release`).
+    /// Releases in a background task (a guard dropped without `release`, or a release that
+    /// failed with an unknown outcome). A release that cannot reach Redis (a timeout, a
+    /// connection or a redirection error: while a Cluster slot moves, every call on it fails)
+    /// is tried again, a little later each time, until `until` (the lease's end: after it
+    /// Redis lets the lock go by itself). The token makes no later calls, so a late release
+    /// can hit nothing of anyone else's.
     pub(crate) fn release_in_background(
         self: &Arc<Self>,
         names: Names,
         token: String,
         hub: String,
+        until: tokio::time::Instant,
     ) {
         let key = names.key.clone();
         self.spawn_cleanup(&key, move |engine| async move {
             let client = engine.backend.client_for(&token).clone();
-            match engine
-                .release_with(&client, &names, &token, &hub, engine.command_timeout, Via::Sha)
-                .await
-            {
-                Ok(r) => tracing::debug!(key = %names.key, result = ?r, "background release"),
-                Err(e) => tracing::warn!(key = %names.key, error = %e, "background release failed; the lock will expire by its TTL"),
+            let mut pause = std::time::Duration::from_millis(10);
+            loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let limit = engine
+                    .command_timeout
+                    .min(left)
+                    .max(std::time::Duration::from_millis(1));
+                match engine
+                    .release_with(&client, &names, &token, &hub, limit, Via::Sha)
+                    .await
+                {
+                    Ok(r) => {
+                        tracing::debug!(key = %names.key, result = ?r, "background release");
+                        return;
+                    }
+                    Err(e) if e.is_transient() && tokio::time::Instant::now() + pause < until => {
+                        tracing::debug!(key = %names.key, error = %e, ?pause, "background release failed; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                    }
+                    Err(e) => {
+                        tracing::warn!(key = %names.key, error = %e, "background release failed; the lock will expire by its TTL");
+                        return;
+                    }
+                }
             }
         });
     }
