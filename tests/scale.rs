@@ -110,9 +110,9 @@ async fn idle_queued_waiters_make_almost_no_calls() {
     }
 }
 
-/// After uncontended use, only fence counters are left, each for the retention at most (here
-/// 2 s); after contended use, no queue, no process record and no subscription once nobody
-/// waits. Then, after the retention, nothing at all.
+/// After uncontended use, only fence counters are left, each for its last lease and the
+/// retention at most (here 0.5 s and 2 s); after contended use, no queue, no process record and
+/// no subscription once nobody waits. Then, after the lease and the retention, nothing at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_piles_up() {
     let server = RedisServer::start();
@@ -124,15 +124,18 @@ async fn nothing_piles_up() {
         .build()
         .await
         .expect("locker");
+    let ttl = Duration::from_millis(500);
     for i in 0..200 {
         let g = locker
-            .acquire(&format!("once-{i}"), &LockOptions::new())
+            .acquire(&format!("once-{i}"), &LockOptions::new().with_ttl(ttl))
             .await
             .expect("acquire");
         g.release().await.expect("release");
     }
     // Contended: a holder and 20 waiters on 4 keys.
-    let opts = LockOptions::new().with_wait(Duration::from_secs(10));
+    let opts = LockOptions::new()
+        .with_ttl(ttl)
+        .with_wait(Duration::from_secs(10));
     let mut tasks = Vec::new();
     for i in 0..24 {
         let (l, o) = (locker.clone(), opts.clone());
@@ -155,13 +158,13 @@ async fn nothing_piles_up() {
         assert!(name.ends_with(":fence"), "left behind: {name}");
         let pttl: i64 = common::cmd(&admin, "PTTL", vec![name.clone().into()]).await;
         assert!(
-            pttl > 0 && pttl <= retention.as_millis() as i64,
-            "{name} lives {pttl} ms (retention {retention:?})"
+            pttl > 0 && pttl <= (ttl + retention).as_millis() as i64,
+            "{name} lives {pttl} ms (lease {ttl:?}, retention {retention:?})"
         );
     }
     assert_eq!(names.len(), 204, "one fence counter per key used");
     assert_eq!(common::lock_channels(&admin).await, 0, "a grant channel");
-    tokio::time::sleep(retention + Duration::from_millis(200)).await;
+    tokio::time::sleep(ttl + retention + Duration::from_millis(200)).await;
     // KEYS, not DBSIZE: every key is past its expiry now, but Redis deletes expired keys in
     // sampled background cycles, which lag on a busy machine; KEYS hides expired keys.
     let left: Vec<String> = common::cmd(&admin, "KEYS *", vec![]).await;

@@ -78,6 +78,15 @@ fn with(faults: &[&str]) -> Cfg {
     c
 }
 
+/// Checker threads per run: libtest already runs two tests at a time on the 2-core machine,
+/// two each all the same measured fastest here (`MODEL_THREADS` to change it).
+fn threads() -> usize {
+    std::env::var("MODEL_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2)
+}
+
 /// One exhaustive run: every reachable state, DFS + symmetry, 2 threads. Asserts the run was
 /// complete (`min_unique`: recorded count less ~1%; a cut run would still pass
 /// `assert_properties`), that both canaries were reached, and that exactly the `expected`
@@ -87,7 +96,7 @@ fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
     let c = Queue::new(cfg)
         .checker()
         .symmetry()
-        .threads(2)
+        .threads(threads())
         .spawn_dfs()
         .join();
     let unique = c.unique_state_count();
