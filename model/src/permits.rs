@@ -69,10 +69,10 @@
 //! back lighter live waiters (`Revert::P3DeadFirst`). The fill: with two of three processes
 //! holding, the fill could take the watcher of the holders' processes from the first lease's
 //! one, and the two watchers' processes frozen and killed left a waiter idle for a tick (now
-//! that process is taken last). Left on the scripts as they are: (2b) fails in freeze + kill
-//! only, by a tick at most here: a watch message read late by a process frozen briefly (less
-//! than `notice`) makes its waiter look late. A suggestion, not in the scripts, removes it
-//! (`Cfg::watch_at`).
+//! that process is taken last). The late watch message: (2b) failed in freeze + kill only, by
+//! a tick at most here: a watch message read late by a process frozen briefly (less than
+//! `notice`) made its waiter look late. Fixed since review 2: a watch message names its Redis
+//! time (`w3`, `Cfg::watch_at`, on by default; false: the `w2` message before).
 //!
 //! **Switches** (`Cfg::bug`): `Bug::Barging` (serve skips a head that does not fit and grants
 //! the lighter ones behind it) and `Bug::DoubleFree` (give_back subtracts the token's weight
@@ -183,9 +183,10 @@ pub struct Cfg {
     /// last" (true, the default); false: the rule before, candidate order only. With
     /// `Revert::P2Watchers` or `Revert::P2FirstHub` there is no `fill` (nor `last`): no effect.
     pub fill_first_last: bool,
-    /// A suggestion, not in the scripts or the client: a watch message says when to look
-    /// (Redis time, converted as a grant's time is), not a delay counted from its reading (a
-    /// process frozen for less than `notice` reads it late and looks late).
+    /// A watch message says when to look (`w3 <px> <Redis time> <token>`, carried over to the
+    /// waiter's clock as a grant's time is: the scripts and the client since review 2; the
+    /// default), not a delay counted from its reading (`w2`, false: a process frozen for less
+    /// than `notice` read it late and looked late).
     pub watch_at: bool,
 }
 
@@ -215,7 +216,7 @@ impl Default for Cfg {
             revert: None,
             calm: CALM_RELEASE | CALM_OWN | CALM_FREEZE | CALM_KILL | CALM_RECOVER,
             fill_first_last: true,
-            watch_at: false,
+            watch_at: true,
         }
     }
 }

@@ -57,8 +57,8 @@
 //! by a late watch message (`remaining_freeze_kill`, the shortest, 24 steps;
 //! `remaining_late_watch_message`): a process frozen for less than `notice` reads `w2 <px>`
 //! late and its waiter looks px after reading, later than the lease it watches ends. A watch
-//! message that names a time (`Cfg::watch_at`, a suggestion) removes it: with it every
-//! property holds in freeze + kill (`watch_at_freeze_kill`).
+//! message that names a time (`Cfg::watch_at`, the scripts' `w3` since review 2) removes it:
+//! every property holds in freeze + kill; `w2_freeze_kill` keeps the old message's result.
 //!
 //! (2b) counts from the next call after a kill (`Cfg::idle_strict` counts from the kill:
 //! `observation_kill_strict`).
@@ -70,12 +70,12 @@ use waitlock_model::permits::*;
 
 // The unique-state floors of the exhaustive runs (the counts measured less ~1%).
 const FLOOR_NONE: usize = 53_600;
-const FLOOR_LF: usize = 5_396_000;
+const FLOOR_LF: usize = 5_052_000;
 const FLOOR_LK: usize = 590_000;
-const FLOOR_FK: usize = 2_249_000;
+const FLOOR_FK: usize = 2_054_000;
 const FLOOR_R1: usize = 55_300;
 const FLOOR_R2: usize = 522_000;
-const FLOOR_AFK: usize = 2_054_000;
+const FLOOR_W2FK: usize = 2_249_000;
 
 /// The scripts as they are with these fault families (budget 1 each): loss, freeze, kill.
 fn with(faults: &[&str]) -> Cfg {
@@ -227,7 +227,7 @@ fn fixed_freeze_kill() {
         "fixed, freeze + kill",
         with(&["freeze", "kill"]),
         FLOOR_FK,
-        &[P2B],
+        &[],
     );
 }
 
@@ -471,23 +471,24 @@ fn late_watch_message() -> [Act; 24] {
     ]
 }
 
-/// (2b) on the scripts as they are, freeze + kill: the shortest counterexample is 24 steps, a
-/// late watch message, the very steps of `remaining_late_watch_message`; with `Cfg::watch_at`
-/// they do not all happen (w4 looks at tick 4).
+/// `w2` messages (before review 2: a delay from the reading), freeze + kill: the shortest
+/// counterexample to (2b) is 24 steps, a late watch message, the very steps of
+/// `remaining_late_watch_message`; with `w3` (`Cfg::watch_at`, the scripts now) they do not all
+/// happen (w4 looks at tick 4).
 #[test]
 fn remaining_freeze_kill() {
-    let actions = shortest(
-        "remaining (2b), freeze + kill",
-        with(&["freeze", "kill"]),
-        P2B,
-    );
+    let actions = shortest("w2 (2b), freeze + kill", w2(with(&["freeze", "kill"])), P2B);
     assert_eq!(actions.len(), 24);
     assert_eq!(actions, late_watch_message());
-    let at = Cfg {
-        watch_at: true,
-        ..with(&["freeze", "kill"])
-    };
-    not_replayed("remaining, freeze + kill, watch_at", at, &actions);
+    not_replayed("w3, freeze + kill", with(&["freeze", "kill"]), &actions);
+}
+
+/// The watch message as it was before review 2 (`w2`: a delay counted from its reading).
+fn w2(cfg: Cfg) -> Cfg {
+    Cfg {
+        watch_at: false,
+        ..cfg
+    }
 }
 
 /// (2b) on the scripts as they are (and with the fill as it was), freeze + kill, 24 steps: w0 (P0, 2) and w1 (P0, 1) take the 3 permits
@@ -507,7 +508,7 @@ fn remaining_late_watch_message() {
     let fails = |cfg: Cfg| -> bool {
         replay(cfg, &t).is_some_and(|(m, states)| !states.iter().all(|s| holds(&m, P2B, s)))
     };
-    let (m, states) = replay(with(&["freeze", "kill"]), &t).expect("replays");
+    let (m, states) = replay(w2(with(&["freeze", "kill"])), &t).expect("replays");
     println!(
         "late watch message:\n{}",
         m.narrate(
@@ -518,23 +519,20 @@ fn remaining_late_watch_message() {
                 .collect::<Vec<_>>()
         )
     );
-    assert!(fails(with(&["freeze", "kill"])));
-    assert!(fails(fill_any(with(&["freeze", "kill"]))));
-    assert!(!fails(Cfg {
-        watch_at: true,
-        ..with(&["freeze", "kill"])
-    }));
+    assert!(fails(w2(with(&["freeze", "kill"]))));
+    assert!(fails(fill_any(w2(with(&["freeze", "kill"])))));
+    assert!(!fails(with(&["freeze", "kill"])));
 }
 
-/// The scripts with the suggestion `Cfg::watch_at` (a watch message names a time), freeze +
-/// kill: every property holds.
+/// The `w2` message as it was, freeze + kill: (2b) fails, and only (2b).
 #[test]
-fn watch_at_freeze_kill() {
-    let cfg = Cfg {
-        watch_at: true,
-        ..with(&["freeze", "kill"])
-    };
-    exhaustive("watch_at, freeze + kill", cfg, FLOOR_AFK, &[]);
+fn w2_freeze_kill() {
+    exhaustive(
+        "w2, freeze + kill",
+        w2(with(&["freeze", "kill"])),
+        FLOOR_W2FK,
+        &[P2B],
+    );
 }
 
 /// (2b) counted strictly (`Cfg::idle_strict`: a dead head is dropped by the scan at once, as
