@@ -1,5 +1,6 @@
 //! The protocol's formats, written once on the Rust side: everything Rust and the Lua scripts
-//! (`lua/common.lua`, whose header is the other half of this module) exchange.
+//! (`lua/queue.lua` and `lua/lock.lua`, whose headers are the other half of this module)
+//! exchange.
 //!
 //! **Version rule.** Formats only grow: a reader ignores what it does not know (a message with
 //! an unknown tag is dropped, an unknown lock state reads as "held"), and a new meaning gets a

@@ -1,9 +1,12 @@
 //! The Lua scripts, how they are called, and what their replies mean.
 //!
-//! Every script shares one prelude (`lua/common.lua`: names, value formats, the fence, the
-//! grant) and the same `KEYS` (lock, fence, queue, processes) and `ARGV` (token, ttl ms,
-//! retention ms, claim window ms, presence window ms, queue member, hub, flag, fence), so any
-//! call can be read the same way in `MONITOR`. `docs/design.md` explains the protocol;
+//! Every script shares one prelude, the queue layer (`lua/queue.lua`: names, the queue, the
+//! processes hash, the watchers, the messages, the dead-head walk, the reply codes), then a
+//! lock's value grammar (`lua/lock.lua`) or a semaphore's leases (`lua/permits.lua`), and the
+//! same `KEYS` (the key, its state, queue, processes; permits: and holder fences) and `ARGV`
+//! (token, ttl ms, retention ms, claim window ms, presence window ms, queue member, process
+//! id, flag, fence; permits: and the number of permits), so any call can be read the same way
+//! in `MONITOR`. `docs/design.md` explains the protocol;
 //! `super::protocol` names the formats.
 
 use super::protocol::{reply, LeaveFlag};
@@ -16,9 +19,14 @@ use fred::types::{FromValue, Value};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// A lock script: the queue layer, the lock's value grammar, the script.
 macro_rules! lua {
     ($file:literal) => {
-        concat!(include_str!("lua/common.lua"), include_str!($file))
+        concat!(
+            include_str!("lua/queue.lua"),
+            include_str!("lua/lock.lua"),
+            include_str!($file)
+        )
     };
 }
 
@@ -33,10 +41,11 @@ pub(crate) const LEAVE: &str = lua!("lua/leave.lua");
 /// Status: read only.
 pub(crate) const STATUS: &str = lua!("lua/status.lua");
 
+/// A permit script: the queue layer, the semaphore's leases, the script.
 macro_rules! permits_lua {
     ($file:literal) => {
         concat!(
-            include_str!("lua/common.lua"),
+            include_str!("lua/queue.lua"),
             include_str!("lua/permits.lua"),
             include_str!($file)
         )
@@ -222,7 +231,7 @@ fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
-/// One script call's arguments (`ARGV` is the same for every script; see `lua/common.lua`).
+/// One script call's arguments (`ARGV` is the same for every script; see `lua/queue.lua`).
 pub(crate) struct Call<'a> {
     pub(crate) names: &'a Names,
     pub(crate) token: &'a str,

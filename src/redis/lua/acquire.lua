@@ -1,4 +1,4 @@
--- Model: `Queue::acquire` in model/src/lib.rs mirrors this script (change both together).
+-- Model: `Queue::acquire` in model/ mirrors this script (change both together).
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply ({2, pttl, 0, 1}: held, and waiters may be queued, who come first; the queued reply ends
 -- with the queue's length, the caller included):
@@ -21,12 +21,12 @@ if not cur then
     return redis.error_reply(tostring(f.err or f))
   end
   local _, queued, pending = fence_parse(old)
-  if not queued then return {0, tonumber(TTL), f} end
+  if not queued then return {ACQUIRED, tonumber(TTL), f} end
   -- Waiters may be queued: they come first. A short grant that lapsed unconfirmed means its
   -- process is frozen or gone: its waiters are skipped until it calls again.
   local L = slow()
-  if pending and pending ~= HUB then L.lapse(pending) end
-  L.seen(HUB)
+  if pending and pending ~= PID then L.lapse(pending) end
+  L.seen(PID)
   local got, px = L.serve(MEMBER)
   if got == 'self' or got == 'empty' then
     local more = redis.call('ZCARD', KEYS[3]) > 0
@@ -34,22 +34,22 @@ if not cur then
       -- The caller holds now, with waiters behind it: its process is the holder's, and the
       -- watchers are chosen again (one of them may be the caller itself, or of its process).
       redis.call('SETRANGE', lock, 0, QUEUED)
-      L.held_by(HUB)
-      L.watch(HUB, tonumber(TTL))
+      L.held_by(PID)
+      L.watch(PID, tonumber(TTL))
       L.keep(tonumber(TTL))
     else
       redis.call('DEL', KEYS[4])
     end
     L.fence_flags(more, nil, nil, tonumber(TTL))
-    return {0, tonumber(TTL), f}
+    return {ACQUIRED, tonumber(TTL), f}
   end
   if got == 'more' then
     redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
     L.keep(CLAIM)
     L.fence_flags(true, nil, nil, CLAIM)
-    return {4}
+    return {CONTINUE}
   end
-  if MEMBER == '' then return {2, px, 0, 1} end
+  if MEMBER == '' then return {HELD, px, 0, 1} end
   return L.enqueue(px)
 end
 if holder_of(cur) == TOKEN then
@@ -57,8 +57,8 @@ if holder_of(cur) == TOKEN then
   if state == GRANTED then
     local L = slow()
     local f = L.confirm_grant()
-    L.watch(HUB, tonumber(TTL), true)
-    return {3, tonumber(TTL), f}
+    L.watch(PID, tonumber(TTL), true)
+    return {GRANT_CONFIRMED, tonumber(TTL), f}
   end
   -- A full grant found by its waiter's own call (its message lost, or crossing the call):
   -- claimed now, so that a late message cannot have it given back.
@@ -67,13 +67,13 @@ if holder_of(cur) == TOKEN then
   local fv = redis.call('GET', KEYS[2])
   -- The counter is gone only if something deleted it (it outlives every lease): started again
   -- from Redis' clock, never 0.
-  if not fv then return {1, pttl, slow().fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
-  return {1, pttl, (fence_parse(fv))}
+  if not fv then return {HELD_BY_CALLER, pttl, slow().fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
+  return {HELD_BY_CALLER, pttl, (fence_parse(fv))}
 end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then
-  if state_of(cur) == TAKEN then return {2, pttl, 0} end
-  return {2, pttl, 0, 1}
+  if state_of(cur) == TAKEN then return {HELD, pttl, 0} end
+  return {HELD, pttl, 0, 1}
 end
 local L = slow()
 if state_of(cur) == TAKEN then

@@ -1,16 +1,16 @@
--- Model: `Queue::extend` in model/src/lib.rs mirrors this script (change both together).
+-- Model: `Queue::extend` in model/ mirrors this script (change both together).
 -- Extend: the full TTL again if TOKEN holds the lock; the lock's watchers are told when the
 -- lease now ends (they make no call while it is refreshed). Reply {0} not held; {1, fence}
 -- extended; {3, fence} a short grant confirmed. The fence is the hold's, as Redis has it: a caller's copy (a grant
 -- message's, an attempt's) may be older.
 local cur = redis.call('GET', KEYS[1])
-if not cur or holder_of(cur) ~= TOKEN then return {0} end
+if not cur or holder_of(cur) ~= TOKEN then return {NOT_HELD} end
 local state = state_of(cur)
 if state == GRANTED then
   local L = slow()
   local f = L.confirm_grant()
-  L.watch(HUB, tonumber(TTL), true)
-  return {3, f}
+  L.watch(PID, tonumber(TTL), true)
+  return {GRANT_CONFIRMED, f}
 end
 if state == HANDED then redis.call('SETRANGE', KEYS[1], 0, QUEUED) end
 redis.call('PEXPIRE', KEYS[1], TTL)
@@ -22,9 +22,9 @@ if state ~= TAKEN then
   -- The queue lives as long as the lease and the retention, and the watchers (who skip the
   -- holder's process, the caller's) are told when the lease now ends.
   L = slow()
-  L.watch(HUB, tonumber(TTL), true)
+  L.watch(PID, tonumber(TTL), true)
   L.keep(tonumber(TTL))
 end
 -- The counter is gone only if something deleted it: started again from Redis' clock, never 0.
-if not fv then return {1, (L or slow()).fence_flags(state ~= TAKEN, nil, false, tonumber(TTL))} end
-return {1, (fence_parse(fv))}
+if not fv then return {DONE, (L or slow()).fence_flags(state ~= TAKEN, nil, false, tonumber(TTL))} end
+return {DONE, (fence_parse(fv))}

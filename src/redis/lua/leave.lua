@@ -1,4 +1,4 @@
--- Model: `Queue::leave` in model/src/lib.rs mirrors this script (change both together).
+-- Model: `Queue::leave` in model/ mirrors this script (change both together).
 -- A waiter leaves: MEMBER out of the queue (when it watched the lock, another waiter is
 -- appointed); then, if TOKEN holds the lock, it gives it back (handed on or deleted): FLAG 'G' whatever it holds, FLAG 'o' only while FENCE is still the lock's fence
 -- (a grant whose waiter had gone: a newer grant to the same token is kept).
@@ -8,16 +8,16 @@ local L = slow()
 if MEMBER ~= '' and redis.call('ZREM', KEYS[3], MEMBER) == 1 then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then pttl = 0 end
-  L.watch(L.holder_hub(), pttl)
+  L.watch(L.holder_pid(), pttl)
 end
 local cur = redis.call('GET', KEYS[1])
-if not cur or holder_of(cur) ~= TOKEN then return {0} end
+if not cur or holder_of(cur) ~= TOKEN then return {NOT_HELD} end
 if FLAG == 'o' then
   local state = state_of(cur)
   if (state ~= HANDED and state ~= GRANTED)
       or string.format('%.0f', (fence_parse(redis.call('GET', KEYS[2])))) ~= FENCE then
-    return {0}
+    return {NOT_HELD}
   end
 end
-if L.release_held(state_of(cur)) == 4 then return {4} end
-return {2}
+if L.release_held(state_of(cur)) == CONTINUE then return {CONTINUE} end
+return {HANDED_OVER}

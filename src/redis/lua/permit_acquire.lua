@@ -1,4 +1,4 @@
--- Model: `Permits::acquire` in model/src/permits.rs mirrors this script (change both together).
+-- Model: `Permits::acquire` in model/ mirrors this script (change both together).
 -- Acquire TOKEN's weight in permits of a key of ARGV[10] permits; when they do not fit (or
 -- waiters are queued, who come first) and MEMBER is given, queue MEMBER. Replies as
 -- acquire.lua's, pttl being the time until the first lease ends: {0, ttl, fence} acquired;
@@ -16,7 +16,7 @@ if s.limit ~= asked then
   -- gone are dropped here, 200 at most, so that a crash does not pin the limit for the
   -- queue's retention).
   if s.limit and (redis.call('EXISTS', HOLDERS) == 1 or not drop_dead()) then
-    return {5, s.limit}
+    return {OTHER_LIMIT, s.limit}
   end
   s.limit, s.changed = asked, true
 end
@@ -31,42 +31,39 @@ if score then
     local f = claim(TOKEN)
     serve_freed(s, before, false)
     settle(s)
-    return {1, left, f}
+    return {HELD_BY_CALLER, left, f}
   end
   drop_holder(s, TOKEN)
 end
 local L = nil
 if redis.call('EXISTS', PQ) == 1 then
   -- Waiters are queued: they come first, the caller among them if it is queued.
-  L = slow()
+  L = queue()
   local mine, changed = serve(L, s, MEMBER, TOKEN)
   if changed then after_serve(L, s) end
   if mine then
     settle(s)
-    return {0, tonumber(TTL), mine}
+    return {ACQUIRED, tonumber(TTL), mine}
   end
 end
 local queued = redis.call('EXISTS', PQ)
 if queued == 0 and s.used + w <= s.limit then
   local f = hold(s, TOKEN, tonumber(TTL), false)
   settle(s)
-  return {0, tonumber(TTL), f}
+  return {ACQUIRED, tonumber(TTL), f}
 end
 local pttl = first_end()
 if MEMBER == '' then
   settle(s)
-  if queued == 1 then return {2, pttl, 0, 1} end
-  return {2, pttl, 0}
+  if queued == 1 then return {HELD, pttl, 0, 1} end
+  return {HELD, pttl, 0}
 end
-L = L or slow()
-L.seen(HUB)
+L = L or queue()
+L.seen(PID)
 L.add_member()
-local listening = 0
-if L.listener(HUB) then listening = 1 end
-local watching = L.watching(pttl, holding())
 settle(s)
--- The queue lives while waiters wait (see `keep`): as long as the last lease, and the
--- retention after it.
-local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
-L.keep(last[2] and (tonumber(last[2]) - now_ms()) or 0)
-return {2, pttl, 1, listening, s.fence, watching, now_us(), redis.call('ZCARD', PQ)}
+-- A new queue lives as long as the last lease, and the retention after it (see `keep`).
+return L.queued_reply(pttl, s.fence, holding(), function()
+  local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
+  return last[2] and (tonumber(last[2]) - now_ms()) or 0
+end)

@@ -1,4 +1,4 @@
--- Model: `Permits::extend` in model/src/permits.rs mirrors this script (change both together).
+-- Model: `Permits::extend` in model/ mirrors this script (change both together).
 -- Extend: TOKEN's lease is the full TTL again if it is running. Reply {0} not held (the lease
 -- ended); {1, fence} extended, with the fence of the hold. The queue's watchers are told when
 -- the first lease now ends.
@@ -10,11 +10,11 @@ if not score or tonumber(score) <= now_ms() then
   if score then drop_holder(s, TOKEN) end
   serve_freed(s, before, false)
   settle(s)
-  return {0}
+  return {NOT_HELD}
 end
 redis.call('ZADD', HOLDERS, 'XX', now_ms() + tonumber(TTL), TOKEN)
 s.changed = true
 serve_freed(s, before, false)
 settle(s)
-if redis.call('EXISTS', PQ) == 1 then rewatch(slow(), first_end(), true) end
-return {1, claim(TOKEN)}
+if redis.call('EXISTS', PQ) == 1 then rewatch(queue(), first_end(), true) end
+return {DONE, claim(TOKEN)}

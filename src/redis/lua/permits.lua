@@ -1,11 +1,12 @@
--- waitlock permits (semaphore and read-write lock), format 1. Prepended, after common.lua, to
--- every permit script. model/src/permits.rs mirrors these scripts (same function names);
--- tests/semaphore.rs drives them against real Redis. Change them together.
+-- A semaphore's leases (permits: the fair semaphore and the read-write lock), on the queue
+-- layer (`queue.lua`, before this): prepended, after it, to every permit script. The model's
+-- permits side mirrors these functions (same names); tests/scripts_permits.rs drives them.
 --
 -- Names: KEYS[1] holders, KEYS[2] state, KEYS[3] queue, KEYS[4] processes, KEYS[5] holder
--- fences; a process's grant channel is KEYS[1] .. ':w:' .. hub, as for a lock. The queue, the
--- processes hash, the watchers and the messages (g2, w2) are the lock's (common.lua).
--- Token: 'w<weight>:<id>': a permit token says how many permits it holds or asks for.
+-- fences. The queue, the processes hash, the watchers, the walk and the messages are the
+-- queue layer's.
+-- Token: 'w<weight>:<id>': a permit token says how many permits it holds or asks for (a
+--   queued locker's id is "<pid>/<uuid>").
 -- Holders: a sorted set; member a holder's token, score the Redis time (ms) its lease ends.
 --   It expires with its last lease. A lease whose end has passed is over: it is dropped by the
 --   next call (at most PURGE a call), and counted as held until then (a lease not yet dropped
@@ -20,10 +21,9 @@
 --   never call; a grant message that reaches a process whose waiter has gone gives back only an
 --   unclaimed grant, as the lock's 'h' state). Expires with the holders.
 -- Watchers: as a lock's (two, of two processes), chosen first among processes that hold no
---   permits (the holders' processes are read from their tokens, `w<weight>:<hub>/<uuid>` for a
---   queued locker's; the first 16 leases to end), then among holders' ones, the process of
---   the lease that ends first last: a fault of a holder's process must not silence the
---   waiters that would take its permits.
+--   permits (the holders' processes are read from their tokens; the first 16 leases to end),
+--   then among holders' ones, the process of the lease that ends first last: a fault of a
+--   holder's process must not silence the waiters that would take its permits.
 -- Granting: FIFO without barging. The oldest waiter is granted when its weight fits in what is
 -- free; one that does not fit stops the scan (later, lighter waiters wait behind it), so a
 -- release may grant to several waiters at once. Every grant is a full lease (the waiter's TTL):
@@ -31,8 +31,8 @@
 -- ARGV[10]: the limit the caller expects (acquire; '' otherwise).
 
 local HOLDERS, STATE, PQ, PP, FENCES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
--- At most this many ended leases are dropped, and this many queue entries looked at, per call.
-local PURGE, SCAN = 16, 200
+-- At most this many ended leases are dropped per call (the queue walk has its own bound).
+local PURGE = 16
 
 local function weight_of(token)
   return tonumber(string.match(token, '^w(%d+):'))
@@ -106,14 +106,14 @@ end
 local function holding()
   local set, first = {}, nil
   for i, token in ipairs(redis.call('ZRANGE', HOLDERS, 0, 15)) do
-    local hub = string.match(token, '^w%d+:(%x+)/')
-    if hub then set[hub] = true end
-    if i == 1 then first = hub end
+    local pid = string.match(token, '^w%d+:(%x+)/')
+    if pid then set[pid] = true end
+    if i == 1 then first = pid end
   end
   return set, first
 end
 
--- Tells the watchers when to look (see `watch` in common.lua): filled from the holders'
+-- Tells the watchers when to look (see `watch` in queue.lua): filled from the holders'
 -- processes when no other waits, the first lease's last (if it runs, it releases before the
 -- other leases end, and that call chooses the watchers again).
 local function rewatch(L, px, later)
@@ -160,7 +160,7 @@ local function settle(s)
     redis.call('PEXPIRE', FENCES, left)
     keep = math.max(keep, left + 1000)
     -- The queue lives while a lease runs, and the retention after it (see `keep`).
-    if redis.call('EXISTS', PQ) == 1 then slow().keep(left) end
+    if redis.call('EXISTS', PQ) == 1 then queue().keep(left) end
   else
     s.used = 0
   end
@@ -168,52 +168,38 @@ local function settle(s)
   redis.call('SET', STATE, string.format('%.0f %d %d', s.fence, s.limit or 0, s.used), 'PX', keep)
 end
 
--- Grants to the queue's heads in order while the head's weight fits; the caller's own entry
--- (`self`: its member, or any entry of its token `self_token`, e.g. one queued before it last
--- called without a member) is granted as the others, with TTL and no message. Heads whose
--- process nobody listens for are dropped. Returns the caller's fence if it was granted (else
--- nil), whether the queue changed, and how many others were granted.
+-- Grants to the queue's heads in order while the head's weight fits (`walk`, which drops the
+-- heads whose process nobody listens for: a dead head holds back nobody); the caller's own
+-- entry (`self`: its member, or any entry of its token `self_token`, e.g. one queued before it
+-- last called without a member) is granted as the others, with TTL and no message. Returns
+-- the caller's fence if it was granted (else nil), whether the queue changed, and how many
+-- others were granted.
 local function serve(L, s, self, self_token)
   -- The key's number of permits is unknown (its state was deleted): nobody can be granted.
   if not s.limit then return nil, false, 0 end
-  local heads = redis.call('ZRANGE', PQ, 0, SCAN - 1)
-  local done, mine, granted = {}, nil, 0
-  for _, head in ipairs(heads) do
-    local hub, ttl, token = L.split_member(head)
-    local w = token and weight_of(token)
-    local own = head == self or (self_token and token == self_token)
-    local p = w and not own and L.process(hub)
-    if not w or w > s.limit or (p and p.is == 'gone') then
-      -- Malformed, can never fit, or nobody listens for it: dropped (a dead head holds back
-      -- nobody).
-      done[#done + 1] = head
-    elseif s.used + w > s.limit then
-      break
-    elseif own then
-      done[#done + 1] = head
-      mine = hold(s, token, tonumber(TTL), false)
+  local mine, granted = nil, 0
+  local _, _, left = L.walk(self, self_token, function(m)
+    local w = weight_of(m.token)
+    -- Malformed, or can never fit: dropped.
+    if not w or w > s.limit then return 'take' end
+    if s.used + w > s.limit then return 'stop' end
+    if m.own then
+      mine = hold(s, m.token, tonumber(TTL), false)
     else
-      done[#done + 1] = head
-      local f = hold(s, token, tonumber(ttl), true)
+      local f = hold(s, m.token, m.ttl, true)
       granted = granted + 1
-      L.grant(p.how, hub, f, ttl, token)
+      L.grant(m.p.how, m.pid, f, m.ttl, m.token)
     end
-  end
-  if #done > 0 then redis.call('ZREM', PQ, unpack(done)) end
-  return mine, #done > 0, granted
+    return 'take'
+  end)
+  return mine, left > 0, granted
 end
 
--- Drops the queue's heads whose process nobody listens for (SCAN at most). Returns whether
--- the queue is empty now.
+-- Drops the queue's heads whose process nobody listens for (the walk's bound at most).
+-- Returns whether the queue is empty now.
 local function drop_dead()
   if redis.call('EXISTS', PQ) == 0 then return true end
-  local L, dead = slow(), {}
-  for _, head in ipairs(redis.call('ZRANGE', PQ, 0, SCAN - 1)) do
-    local hub = L.split_member(head)
-    if hub and L.process(hub).is ~= 'gone' then break end
-    dead[#dead + 1] = head
-  end
-  if #dead > 0 then redis.call('ZREM', PQ, unpack(dead)) end
+  queue().walk('', nil, function() return 'stop' end)
   if redis.call('EXISTS', PQ) == 1 then return false end
   redis.call('DEL', PP)
   return true
@@ -243,7 +229,7 @@ local function serve_freed(s, before, always)
     if always then redis.call('DEL', PP) end
     return 0
   end
-  local L = slow()
+  local L = queue()
   local _, _, granted = serve(L, s, '')
   after_serve(L, s)
   return granted

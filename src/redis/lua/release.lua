@@ -1,4 +1,4 @@
--- Model: `Queue::release` in model/src/lib.rs mirrors this script (change both together).
+-- Model: `Queue::release` in model/ mirrors this script (change both together).
 -- Release: if TOKEN holds the lock, hand it to the oldest live waiter or delete it.
 -- Reply {1} deleted, {2} handed over, {0} not held (nothing changed), {4} departed waiters
 -- dropped and more to look at: the lock is still TOKEN's (for the claim window), call again;
@@ -10,19 +10,19 @@ if not cur then
   -- whose watchers are gone with their processes: serve them now, as an attempt on the free
   -- lock would (a short grant that lapsed unconfirmed marks its process, as there).
   local _, queued, pending = fence_parse(redis.call('GET', KEYS[2]))
-  if not queued then return {0} end
+  if not queued then return {NOT_HELD} end
   local L = slow()
-  if pending and pending ~= HUB then L.lapse(pending) end
+  if pending and pending ~= PID then L.lapse(pending) end
   redis.call('SET', KEYS[1], QUEUED .. TOKEN, 'PX', CLAIM)
-  if L.release_held(QUEUED) == 4 then return {0, 4} end
-  return {0}
+  if L.release_held(QUEUED) == CONTINUE then return {NOT_HELD, CONTINUE} end
+  return {NOT_HELD}
 end
-if holder_of(cur) ~= TOKEN then return {0} end
+if holder_of(cur) ~= TOKEN then return {NOT_HELD} end
 local state = state_of(cur)
 if state == TAKEN then
   redis.call('DEL', KEYS[1])
-  return {1}
+  return {DONE}
 end
 local L = slow()
-L.seen(HUB)
+L.seen(PID)
 return {L.release_held(state)}

@@ -1,0 +1,367 @@
+-- waitlock protocol, format 3: the queue layer. Prepended to every script, the lock's and the
+-- permits'; then `lock.lua` (a lock's value grammar) or `permits.lua` (a semaphore's leases),
+-- then the script itself (Redis runs each script on its own). `src/redis/protocol.rs` is the
+-- Rust side of every format named here; `tests/scripts_lock.rs` and `tests/scripts_permits.rs`
+-- drive each transition; `model/` mirrors each script as one atomic step, with one function
+-- per local function of these files (same names). Change them together.
+--
+-- Version rule: formats only grow. A reader ignores what it does not know (a message with an
+-- unknown tag is dropped, an unknown lock state letter reads as "held"); a new meaning gets a
+-- new tag or letter, never an old one reused. Scripts of older versions may run against the
+-- same keys during a rolling upgrade: they must never make a guard believe in a lease Redis
+-- did not give (at worst a waiter is served late). Format 3 (review 2) adds the watch message
+-- 'w3' (format 2's 'w2' did not say when) and changes no other format.
+--
+-- Names (every one begins with the key's hash tag: one Cluster slot): KEYS[1] the key (a
+-- lock, or a semaphore's holders), KEYS[2] its state (a lock's fence counter, a semaphore's
+-- "<fence> <permits> <used>"), KEYS[3] the queue, KEYS[4] the processes hash, (permits)
+-- KEYS[5] the holders' fences. A process's grant channel is KEYS[1] .. ':w:' .. <pid>.
+-- Process id (pid): 12 hex digits per queued locker (its hub: one subscriber connection).
+-- Queue: a sorted set; member "<pid> <ttl ms> <token>", score = Redis time in microseconds at
+--   enqueue, never below the last member's + 1 (FIFO across a backward clock step).
+-- Processes: a hash; field <pid> = Redis time in ms when that process last called on this key
+--   (fresh when 0 <= now - seen <= the presence window: a record in Redis' future, after its
+--   clock stepped back, is not), or 'x' when a short grant to it lapsed (it is frozen or gone:
+--   its waiters are skipped until it calls again); fields '!w1', '!w2' = "<ms> <member>": the
+--   key's two watchers (see `watch`) and when each will look; '!h' (locks) the holder's pid,
+--   a hint for choosing watchers, never for safety. Deleted when the queue empties.
+-- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the key is
+--   <token>'s for px ms from Redis time <grant time>); 'w3 <px ms> <time us> <token>' (<token>
+--   is one of the watchers: look px ms after Redis time <time>, when the lease that ends first
+--   ends); 'd2' (a queue scan dropped this process's waiters because a short grant to it
+--   lapsed: they look again, and queue again).
+--
+-- ARGV (every script): token, ttl ms, retention ms (the state, the queue, the processes hash),
+-- claim window ms, presence window ms, queue member or '', the caller's pid or '', flag, fence
+-- or ''; (permits) ARGV[10] the number of permits the caller expects.
+
+local TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+
+-- Reply codes, the first element of every reply (`protocol::reply`). acquire: taken, held by
+-- the caller already, held by another (the caller may be queued now), a short grant to the
+-- caller confirmed by this call, "continue" (departed waiters dropped, more to look at), the
+-- key has another number of permits; release, extend, leave: not held (nothing changed), done
+-- (deleted, extended), handed over (or, leave, given back).
+local ACQUIRED, HELD_BY_CALLER, HELD, GRANT_CONFIRMED, CONTINUE, OTHER_LIMIT = 0, 1, 2, 3, 4, 5
+local NOT_HELD, DONE, HANDED_OVER = 0, 1, 2
+
+local now_cache
+local function now_us()
+  if not now_cache then
+    local t = redis.call('TIME')
+    now_cache = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now_cache
+end
+
+-- The queue layer's functions, built only when a call needs them (Redis runs the whole script
+-- body on every call, and creating a dozen closures there costs the fast paths ~15%), once.
+local queue_fns
+local function queue()
+  if queue_fns then return queue_fns end
+  local key, q, pkey = KEYS[1], KEYS[3], KEYS[4]
+  -- A queue walk looks at this many members at most (bounded script time, however long the
+  -- queue); a call that finds only departed waiters among them says "continue".
+  local SCAN = 200
+  local LAPSED = 'x'
+
+  local function channel(pid) return key .. ':w:' .. pid end
+
+  -- How a process listens on its grant channel: 's' sharded, 'c' classic, nil nobody (its
+  -- process died, or lost its subscriber connection).
+  local function listener(pid)
+    local ch = channel(pid)
+    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', ch)
+    if type(r) == 'table' and not r.err and tonumber(r[2]) > 0 then return 's' end
+    if tonumber(redis.call('PUBSUB', 'NUMSUB', ch)[2]) > 0 then return 'c' end
+    return nil
+  end
+
+  local function publish(how, pid, msg)
+    if how == 's' then
+      redis.call('SPUBLISH', channel(pid), msg)
+    else
+      redis.call('PUBLISH', channel(pid), msg)
+    end
+  end
+
+  -- Tells `token`'s waiter in process `pid` (listening `how`) that it holds the key for `px`
+  -- ms with fence `f`, from Redis' time now: the 'g2' message.
+  local function grant(how, pid, f, px, token)
+    publish(how, pid, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+  end
+
+  local function split_member(m)
+    return string.match(m, '^(%S+) (%d+) (.*)$')
+  end
+
+  -- Puts MEMBER at the back of the queue, once. Its score is Redis' clock in microseconds, but
+  -- never below the last member's (+1): after the clock steps back, a newcomer still queues
+  -- behind every waiter already there (FIFO).
+  local function add_member()
+    if redis.call('ZADD', q, 'NX', now_us(), MEMBER) == 1 then
+      local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+      if last[1] ~= MEMBER then
+        redis.call('ZADD', q, 'XX', tonumber(last[2]) + 1, MEMBER)
+      end
+    end
+  end
+
+  -- The processes hash outlives its queue by the retention at most: a write that (re)creates
+  -- it after it expired, while its queue lived on, gives it the retention again.
+  local function retain()
+    if redis.call('PTTL', pkey) == -1 then redis.call('PEXPIRE', pkey, RETAIN) end
+  end
+
+  -- The queue and the processes hash live while waiters wait: a queue's first member, and
+  -- every call that sets a lease (`px` ms from now) while waiters may be queued, give them
+  -- that lease plus the retention (an expiry set only when a member is added would let a long
+  -- wait lose its queue: nobody would be granted, nobody told).
+  local function keep(px)
+    local life = tonumber(RETAIN) + math.max(px, 0)
+    redis.call('PEXPIRE', q, life)
+    redis.call('PEXPIRE', pkey, life)
+  end
+
+  -- A process record says when its process last called (ms). A record that is not fresh
+  -- (older than the presence window, or in Redis' future after a clock step) means the same
+  -- as none, so `seen` drops a few of them whenever it adds a field: a key that never drains
+  -- does not keep one field per process that ever called. A lapsed process's 'x' goes once
+  -- nobody listens for it (it died).
+  local SWEEP = 8
+  local function sweep(now_ms)
+    local r = redis.call('HRANDFIELD', pkey, SWEEP, 'WITHVALUES')
+    local stale = {}
+    for i = 1, #r, 2 do
+      local field, v = r[i], r[i + 1]
+      if string.sub(field, 1, 1) ~= '!' then
+        local t = tonumber(v)
+        if t then
+          local d = now_ms - t
+          if d < 0 or d > PRESENCE then stale[#stale + 1] = field end
+        elseif v == LAPSED and not listener(field) then
+          stale[#stale + 1] = field
+        end
+      end
+    end
+    if #stale > 0 then redis.call('HDEL', pkey, unpack(stale)) end
+  end
+
+  -- Process `pid` called on this key now.
+  local function seen(pid)
+    if pid == '' then return end
+    local now_ms = math.floor(now_us() / 1000)
+    if redis.call('HSET', pkey, pid, now_ms) == 1 then
+      redis.call('PEXPIRE', pkey, RETAIN)
+      sweep(now_ms)
+    end
+  end
+
+  -- A short grant to `pid` lapsed unconfirmed: its process is frozen or gone.
+  local function lapse(pid)
+    if redis.call('EXISTS', pkey) == 1 then redis.call('HSET', pkey, pid, LAPSED) end
+  end
+
+  -- What a queue walk knows of each process (asked once per call): listening how, and
+  -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
+  -- (nobody listens, or its short grant lapsed).
+  local known = {}
+  local function process(pid)
+    local k = known[pid]
+    if k then return k end
+    k = {}
+    local rec = redis.call('HGET', pkey, pid)
+    k.lapsed = rec == LAPSED
+    k.how = (not k.lapsed) and listener(pid) or nil
+    -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
+    -- clock is behind) says nothing of the process: not fresh.
+    local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
+    if not k.how then
+      k.is = 'gone'
+    elseif d and d >= 0 and d <= PRESENCE then
+      k.is = 'fresh'
+    else
+      k.is = 'stale'
+    end
+    known[pid] = k
+    return k
+  end
+
+  -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
+  -- script. A member of a process that is gone (nobody listens, or it lapsed) is dropped; a
+  -- lapsed process that still listens is told ('d2') once, so its waiters do not sleep out of
+  -- the queue. `visit(m)` sees every other member, the caller's own too (`m.own`: `self`, or
+  -- any member of `own_token`), with `m.pid`, `m.ttl`, `m.token`, and `m.p`
+  -- (`process(m.pid)`, not for the caller's own) and answers 'take' (it leaves the queue and
+  -- the walk goes on), 'last' (it leaves and the walk ends), 'stop' (it stays and the walk
+  -- ends) or nil (it stays and the walk goes on). A malformed member is dropped. The members
+  -- that leave go in one ZREM. Returns whether the walk ended by `visit`, whether it saw SCAN
+  -- members (more may be left), and how many left the queue.
+  local function walk(self, own_token, visit)
+    local heads = redis.call('ZRANGE', q, 0, SCAN - 1)
+    local out, stopped = {}, false
+    for _, head in ipairs(heads) do
+      local pid, ttl, token = split_member(head)
+      local m = {member = head, pid = pid, ttl = ttl and tonumber(ttl), token = token}
+      m.own = head == self or (own_token ~= nil and token == own_token)
+      local verdict
+      if not pid then
+        verdict = 'take'
+      elseif m.own then
+        verdict = visit(m)
+      else
+        m.p = process(pid)
+        if m.p.lapsed and not m.p.told then
+          -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
+          -- know, or they sleep with nobody to wake them.
+          m.p.told = true
+          local how = listener(pid)
+          if how then publish(how, pid, 'd2') end
+        end
+        if m.p.is == 'gone' then verdict = 'take' else verdict = visit(m) end
+      end
+      if verdict == 'take' or verdict == 'last' then out[#out + 1] = head end
+      if verdict == 'last' or verdict == 'stop' then
+        stopped = true
+        break
+      end
+    end
+    if #out > 0 then redis.call('ZREM', q, unpack(out)) end
+    return stopped, #heads == SCAN, #out
+  end
+
+  -- Watchers: two queued waiters of two processes look at the key when the lease that ends
+  -- first ends (a holder that crashed or overstays, or a short grant that lapsed, is then
+  -- served at once). They are recorded in the processes hash as '!w1' / '!w2' = "<ms when it
+  -- looks> <member>", and kept across grants while they stay queued and their process fresh:
+  -- a busy queue appoints (and messages) a watcher only once in a while. A watcher looks
+  -- again when its look finds the key held (the reply says the new lease). New ones come from
+  -- the back of the queue, which is granted last.
+  local WATCHERS = {'!w1', '!w2'}
+
+  -- Keeps the watchers fit after a change: `skip` the process of a new holder (its watchers
+  -- would fail with it), `px` the lease that now ends first (ms from now; 0: the key is free,
+  -- look now). Two watchers of two other processes, fresh ones first (a frozen process is not
+  -- fresh), current ones before new ones (a new one costs a message); when fewer than two
+  -- other processes wait, from the skipped one too. A kept watcher that would look later than
+  -- the lease ends is told again; with `later` (a refresh) also one that would look earlier, so
+  -- that watchers of a lock held long make no calls. Permits pass `skip` as a set of pids (the
+  -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
+  -- other is left, `last` (the process whose lease ends first) last.
+  local function watch(skip, px, later, fill, last)
+    local skips = skip
+    if type(skip) ~= 'table' then skips = {[skip] = true} end
+    local until_ms = math.floor(now_us() / 1000) + px
+    local cands = {}
+    for _, field in ipairs(WATCHERS) do
+      local v = redis.call('HGET', pkey, field)
+      local at, m = nil, nil
+      if v then at, m = string.match(v, '^(%d+) (.*)$') end
+      if m and redis.call('ZSCORE', q, m) then
+        cands[#cands + 1] = {m = m, at = tonumber(at)}
+      end
+    end
+    local tail = redis.call('ZRANGE', q, -16, -1)
+    for j = #tail, 1, -1 do cands[#cands + 1] = {m = tail[j]} end
+    local chosen, pids = {}, {}
+    local function pick(fresh_only, allow_skip, except)
+      for _, c in ipairs(cands) do
+        if #chosen == 2 then return end
+        local wpid, _, wtoken = split_member(c.m)
+        if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
+          local p = process(wpid)
+          if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
+            pids[wpid] = true
+            c.pid, c.token, c.how = wpid, wtoken, p.how
+            chosen[#chosen + 1] = c
+          end
+        end
+      end
+    end
+    pick(true, false)
+    pick(false, false)
+    -- Fewer than two other processes wait: the second watcher (or both) from the holder's
+    -- own process, better than none. (A holder that overstays its lease without a fault,
+    -- with the only other process frozen, would leave its own process's waiters asleep.)
+    if #chosen < 2 or fill then
+      if fill and last then pick(false, true, last) end
+      pick(false, true)
+    end
+    redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
+    for i, c in ipairs(chosen) do
+      if not c.at or until_ms < c.at or (later and until_ms > c.at) then
+        publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
+        c.at = until_ms
+      end
+      redis.call('HSET', pkey, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
+    end
+    if #chosen > 0 then retain() end
+  end
+
+  -- MEMBER, just queued with the lease that ends first ending in `pttl` ms: whether it watches
+  -- the key (it is a watcher already, or takes a free field); records when it will look. The
+  -- two watchers stay in two processes (one process's fault must not silence both), and a
+  -- newcomer of another process replaces a watcher of a holder's process (which would fail
+  -- with the holder): `holding` is the set of the holders' processes (nil: a lock's, its '!h').
+  local function watching(pttl, holding)
+    local ms, pids = {}, {}
+    for i, field in ipairs(WATCHERS) do
+      local v = redis.call('HGET', pkey, field)
+      ms[i] = v and string.match(v, '^%d+ (.*)$')
+      pids[i] = ms[i] and split_member(ms[i])
+    end
+    local function fits(i) return pids[3 - i] ~= PID end
+    local mine = nil
+    for i = 1, 2 do
+      if ms[i] == MEMBER then mine = i end
+    end
+    if not mine then
+      for i = 1, 2 do
+        if not mine and not ms[i] and fits(i) then mine = i end
+      end
+    end
+    if not mine and not holding then
+      -- A lock's holder, as recorded ('!h'), read only when it matters.
+      holding = {}
+      local holder = redis.call('HGET', pkey, '!h')
+      if holder then holding[holder] = true end
+    end
+    if not mine and not holding[PID] then
+      for i = 1, 2 do
+        if not mine and pids[i] and holding[pids[i]] and fits(i) then mine = i end
+      end
+    end
+    if not mine then return 0 end
+    if pttl < 0 then pttl = 0 end
+    -- (The hash's expiry is the caller's: it keeps the queue.)
+    redis.call('HSET', pkey, WATCHERS[mine], string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
+    return 1
+  end
+
+  -- The end of a queueing attempt, MEMBER queued behind a lease that ends in `pttl` ms (`f`:
+  -- the latest fence, `holding`: as for `watching`, `life`: a function giving the lease a new
+  -- queue must outlive, `pttl` if nil): whether the caller listens, the watchers, and a new
+  -- queue's life. Returns
+  -- the 'queued' reply: {HELD, pttl, 1,
+  -- listening, fence, watching, Redis time us, depth} (listening 0: nobody listens on the
+  -- caller's grant channel, e.g. Redis dropped it when a Cluster slot moved; watching 1: the
+  -- caller looks when the lease ends; depth: the queue's length now, the caller included).
+  local function queued_reply(pttl, f, holding, life)
+    local listening = 0
+    if listener(PID) then listening = 1 end
+    local watcher = watching(pttl, holding)
+    local depth = redis.call('ZCARD', q)
+    -- The first member of a queue gives it (and the processes hash) the lease plus the
+    -- retention. A queue that already had members has that life at least: from its first
+    -- member, or from the last call that set a lease since (they all `keep` it).
+    if depth == 1 then keep(life and life() or pttl) end
+    return {HELD, pttl, 1, listening, f, watcher, now_us(), depth}
+  end
+
+  queue_fns = {channel = channel, listener = listener, publish = publish, grant = grant,
+    split_member = split_member, add_member = add_member, retain = retain, keep = keep,
+    seen = seen, lapse = lapse, process = process, walk = walk, watch = watch,
+    watching = watching, queued_reply = queued_reply}
+  return queue_fns
+end
