@@ -45,7 +45,7 @@ pub(crate) fn new_token() -> String {
 
 /// A token generated for a caller in process `hub`: a queued locker's start with its process
 /// id (`"<hub>/<uuid>"`), so that the scripts know the holder's process (they keep the two
-/// watchers out of it; see common.lua's header); a polling locker's are a bare uuid.
+/// watchers out of it; see queue.lua's header); a polling locker's are a bare uuid.
 fn own_token(hub: &str) -> String {
     if hub.is_empty() {
         new_token()

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod runner;
+pub mod scripts;
 pub mod sentinel;
 pub mod worker;
 

@@ -1,15 +1,15 @@
-//! The Lua scripts driven directly, one state transition per row, against a private
-//! `redis-server`: each row sets the lock's Redis keys up by hand, runs one script with the
-//! arguments the library sends, and checks the reply, the keys afterwards and the messages
-//! published on the grant channels. The formats are those of `src/redis/protocol.rs` and the
-//! header of `src/redis/lua/common.lua`.
+//! The lock's scripts driven directly, one state transition per row, against a private
+//! `redis-server` (the harness, shared with the permits' table, is `tests/common/scripts.rs`):
+//! each row sets the lock's Redis keys up by hand, runs one script with the arguments the
+//! library sends, and checks the reply, the keys afterwards and the messages published on the
+//! grant channels. The formats are those of `src/redis/protocol.rs` and the headers of
+//! `src/redis/lua/queue.lua` and `lock.lua`.
 
 mod common;
 
+use common::scripts::{args, run, run_rows, Args, Check, Kind, Row, DEAD, LIVE, LIVE2};
 use common::{fence_key, lock_key, procs_key, queue_key, RedisServer};
-use std::time::Duration;
 use waitlock::fred::prelude::*;
-use waitlock::fred::types::CustomCommand;
 use waitlock::scripts;
 
 // The names of the lock on key "k", as constants for the tables below (checked against the
@@ -18,70 +18,15 @@ const L: &str = "{waitlock:k}";
 const F: &str = "{waitlock:k}:fence";
 const Q: &str = "{waitlock:k}:q";
 const P: &str = "{waitlock:k}:p";
-/// Two processes that listen on their grant channels, and one that does not.
-const LIVE: &str = "aaaaaaaaaaaa";
-const LIVE2: &str = "bbbbbbbbbbbb";
-const DEAD: &str = "dddddddddddd";
 
-/// One script call's arguments, as the library sends them.
-#[derive(Clone, Copy)]
-struct Args {
-    token: &'static str,
-    ttl: u64,
-    member: &'static str,
-    hub: &'static str,
-    flag: &'static str,
-    fence: &'static str,
-}
-
-const fn args(token: &'static str) -> Args {
-    Args {
-        token,
-        ttl: 10_000,
-        member: "",
-        hub: "",
-        flag: "",
-        fence: "",
-    }
-}
-
-/// What a row expects after its call.
-enum Check {
-    /// The value of a key (`None`: absent).
-    Get(&'static str, Option<&'static str>),
-    /// The fence counter holds a fence from Redis' clock (microseconds, at least the row's
-    /// start), followed by these hints.
-    FenceNow(&'static str),
-    /// The lock's PTTL in ms is within this range.
-    Pttl(u64, u64),
-    /// The queue holds exactly these members, in order.
-    Queue(&'static [&'static str]),
-    /// A process's record in `{pk}:p` (`None`: absent; `Some("now")`: a recent time).
-    Process(&'static str, Option<&'static str>),
-    /// Messages published on the listeners' grant channels, in order, by prefix
-    /// (`"<hub>: <text>"`).
-    Messages(&'static [&'static str]),
-    /// The member a watcher field (`!w1`, `!w2`) of `{pk}:p` names (`None`: no watcher).
-    Watcher(&'static str, Option<&'static str>),
-    /// The fence counter's PTTL in ms is within this range.
-    FencePttl(u64, u64),
-    /// A key's PTTL in ms is within this range.
-    Ttl(&'static str, u64, u64),
-}
-
-struct Row {
-    name: &'static str,
-    /// Commands run before the call; `{now}` is Redis' clock in ms, `{old}` ten seconds ago,
-    /// `{soon}` in five seconds, `{future}` in ten minutes (a record made before Redis' clock
-    /// stepped back),
-    /// `{queue:N}` adds N waiters of the dead process at the head.
-    setup: &'static [&'static str],
-    script: &'static str,
-    call: Args,
-    /// The reply; `_` matches any number at that place.
-    reply: &'static str,
-    checks: &'static [Check],
-}
+const LOCK: Kind = Kind {
+    main: L,
+    state: F,
+    queue: Q,
+    procs: P,
+    fences: None,
+    extra: &[],
+};
 
 const M_LIVE: &str = "aaaaaaaaaaaa 20000 w1";
 const M_LIVE_B: &str = "aaaaaaaaaaaa 20000 w2";
@@ -129,7 +74,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, 1, _, _]",
@@ -146,7 +91,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_DEAD,
-                hub: DEAD,
+                pid: DEAD,
                 ..args("z1")
             },
             reply: "[2, _, 1, 0, 100, 1, _, _]",
@@ -308,7 +253,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ttl: 20_000,
                 ..args("w1")
             },
@@ -350,7 +295,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE_B,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w2")
             },
             reply: "[2, _, 1, 1, 100, 1, _, _]",
@@ -362,7 +307,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ttl: 20_000,
                 ..args("w1")
             },
@@ -374,7 +319,7 @@ fn rows() -> Vec<Row> {
             setup: &["SET {L} gw1 PX 500", "SET {F} 100_q_aaaaaaaaaaaa PX 60000"],
             script: scripts::EXTEND,
             call: Args {
-                hub: LIVE,
+                pid: LIVE,
                 ttl: 20_000,
                 ..args("w1")
             },
@@ -433,7 +378,7 @@ fn rows() -> Vec<Row> {
             script: scripts::LEAVE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 flag: "G",
                 ..args("w1")
             },
@@ -470,7 +415,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ttl: 20_000,
                 ..args("w1")
             },
@@ -500,7 +445,7 @@ fn rows() -> Vec<Row> {
             script: scripts::LEAVE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 flag: "G",
                 ..args("w1")
             },
@@ -533,7 +478,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE_B,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w2")
             },
             reply: "[2, _, 1, 1, 100, 0, _, _]",
@@ -551,7 +496,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE2,
-                hub: LIVE2,
+                pid: LIVE2,
                 ..args("x1")
             },
             reply: "[2, _, 1, 1, 100, 1, _, _]",
@@ -573,7 +518,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE2,
-                hub: LIVE2,
+                pid: LIVE2,
                 ..args("x1")
             },
             reply: "[2, _, 1, 1, 100, 1, _, _]",
@@ -588,7 +533,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, 1, _, 1]",
@@ -604,7 +549,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, 1, _, 1]",
@@ -622,7 +567,7 @@ fn rows() -> Vec<Row> {
             ],
             script: scripts::EXTEND,
             call: Args {
-                hub: LIVE,
+                pid: LIVE,
                 ..args("T")
             },
             reply: "[1, 100]",
@@ -644,7 +589,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[0, 10000, _]",
@@ -741,7 +686,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[0, 10000, _]",
@@ -767,7 +712,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, _, _, 1]",
@@ -848,7 +793,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, _, _, 2]",
@@ -888,7 +833,7 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
-                hub: LIVE,
+                pid: LIVE,
                 ..args("w1")
             },
             reply: "[2, _, 1, 1, 100, _, _, 2]",
@@ -937,220 +882,9 @@ fn rows() -> Vec<Row> {
     ]
 }
 
-/// Replaces the placeholders of a setup command and splits it into words (`_` inside a word
-/// stands for a space: queue members hold spaces).
-fn words(cmd: &str, now_ms: u64) -> Vec<String> {
-    cmd.replace("{L}", L)
-        .replace("{F}", F)
-        .replace("{Q}", Q)
-        .replace("{P}", P)
-        .replace("{now}", &now_ms.to_string())
-        .replace("{old}", &(now_ms - 10_000).to_string())
-        .replace("{soon}", &(now_ms + 5_000).to_string())
-        .replace("{future}", &(now_ms + 600_000).to_string())
-        .split(' ')
-        .map(|w| w.replace('_', " "))
-        .collect()
-}
-
-async fn run(c: &Client, words: Vec<String>) -> Value {
-    let (head, rest) = words.split_first().expect("a command");
-    c.custom(
-        CustomCommand::new(head.clone(), None::<u16>, false),
-        rest.to_vec(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{words:?}: {e}"))
-}
-
-fn matches(reply: &[i64], expected: &str) -> bool {
-    let want: Vec<&str> = expected
-        .trim_matches(['[', ']'])
-        .split(", ")
-        .filter(|w| !w.is_empty())
-        .collect();
-    want.len() == reply.len()
-        && want
-            .iter()
-            .zip(reply)
-            .all(|(w, r)| *w == "_" || w.parse::<i64>() == Ok(*r))
-}
-
 #[tokio::test]
 async fn every_transition_of_every_script() {
-    let server = RedisServer::start();
-    let c = server.client().await;
-    // Two processes listen on their grant channels (sharded, as the lockers do).
-    let sub = waitlock::fred::clients::SubscriberClient::new(
-        Config::from_url(&server.url()).expect("url"),
-        None,
-        None,
-        None,
-    );
-    sub.init().await.expect("subscriber");
-    let mut messages = sub.message_rx();
-    for hub in [LIVE, LIVE2] {
-        sub.ssubscribe(format!("{L}:w:{hub}"))
-            .await
-            .expect("ssubscribe");
-    }
-    for row in rows() {
-        let _: Value = run(&c, vec!["FLUSHALL".into()]).await;
-        let time: Vec<String> = c
-            .custom(
-                CustomCommand::new_static("TIME", None, false),
-                Vec::<String>::new(),
-            )
-            .await
-            .expect("TIME");
-        let now_ms = time[0].parse::<u64>().expect("secs") * 1000
-            + time[1].parse::<u64>().expect("us") / 1000;
-        for cmd in row.setup {
-            if let Some(n) = cmd.strip_prefix("{queue:") {
-                let n: usize = n.trim_end_matches('}').parse().expect("count");
-                for i in 0..n {
-                    let _: Value = run(
-                        &c,
-                        vec![
-                            "ZADD".into(),
-                            Q.into(),
-                            i.to_string(),
-                            format!("{DEAD} 20000 dead{i}"),
-                        ],
-                    )
-                    .await;
-                }
-                continue;
-            }
-            let _: Value = run(&c, words(cmd, now_ms)).await;
-        }
-        while messages.try_recv().is_ok() {}
-        let a = row.call;
-        let argv: Vec<String> = vec![
-            a.token.into(),
-            a.ttl.to_string(),
-            "3600000".into(),
-            "500".into(),
-            "100".into(),
-            a.member.into(),
-            a.hub.into(),
-            a.flag.into(),
-            a.fence.into(),
-        ];
-        let reply: Vec<i64> = c
-            .eval(row.script, vec![L, F, Q, P], argv)
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", row.name));
-        assert!(
-            matches(&reply, row.reply),
-            "{}: reply {reply:?}, expected {}",
-            row.name,
-            row.reply
-        );
-        // A PING on the subscriber comes back after every message published before it.
-        let _: Value = sub.ping(None).await.expect("ping");
-        let mut seen = Vec::new();
-        while let Ok(m) = messages.try_recv() {
-            let hub = m.channel.rsplit(':').next().unwrap_or_default().to_owned();
-            seen.push(format!("{hub}: {}", m.value.as_str().unwrap_or_default()));
-        }
-        for check in row.checks {
-            match check {
-                Check::Get(key, want) => {
-                    let v: Option<String> = c.get(*key).await.expect("GET");
-                    assert_eq!(v.as_deref(), *want, "{}: {key}", row.name);
-                }
-                Check::FenceNow(hints) => {
-                    let v: Option<String> = c.get(F).await.expect("GET");
-                    let v = v.unwrap_or_default();
-                    let (num, rest) = v.split_at(v.find(' ').unwrap_or(v.len()));
-                    let f: u64 = num.parse().unwrap_or(0);
-                    assert!(
-                        f >= now_ms * 1000 && rest == *hints,
-                        "{}: fence counter {v:?}, expected Redis' clock (>= {}) and {hints:?}",
-                        row.name,
-                        now_ms * 1000
-                    );
-                }
-                Check::Pttl(lo, hi) => {
-                    let t: i64 = c.pttl(L).await.expect("PTTL");
-                    assert!(
-                        (*lo as i64..=*hi as i64).contains(&t),
-                        "{}: PTTL {t}, not in {lo}..={hi}",
-                        row.name
-                    );
-                }
-                Check::Queue(want) => {
-                    let q: Vec<String> = c
-                        .custom(
-                            CustomCommand::new_static("ZRANGE", None, false),
-                            vec![Q, "0", "-1"],
-                        )
-                        .await
-                        .expect("ZRANGE");
-                    assert_eq!(q, want.to_vec(), "{}: queue", row.name);
-                }
-                Check::Process(hub, want) => {
-                    let v: Option<String> = c
-                        .custom(
-                            CustomCommand::new_static("HGET", None, false),
-                            vec![P, *hub],
-                        )
-                        .await
-                        .expect("HGET");
-                    match want {
-                        Some("now") => {
-                            let t: u64 = v.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
-                            assert!(
-                                t + 1_000 >= now_ms,
-                                "{}: process {hub} recorded at {v:?}, not now ({now_ms})",
-                                row.name
-                            );
-                        }
-                        other => assert_eq!(v.as_deref(), *other, "{}: process {hub}", row.name),
-                    }
-                }
-                Check::Watcher(field, want) => {
-                    let v: Option<String> = c
-                        .custom(
-                            CustomCommand::new_static("HGET", None, false),
-                            vec![P, *field],
-                        )
-                        .await
-                        .expect("HGET");
-                    let member = v.as_deref().and_then(|v| v.split_once(' ')).map(|(_, m)| m);
-                    assert_eq!(member, *want, "{}: watcher {field} ({v:?})", row.name);
-                }
-                Check::FencePttl(lo, hi) => {
-                    let t: i64 = c.pttl(F).await.expect("PTTL");
-                    assert!(
-                        (*lo as i64..=*hi as i64).contains(&t),
-                        "{}: fence PTTL {t}, not in {lo}..={hi}",
-                        row.name
-                    );
-                }
-                Check::Ttl(key, lo, hi) => {
-                    let t: i64 = c.pttl(*key).await.expect("PTTL");
-                    assert!(
-                        (*lo as i64..=*hi as i64).contains(&t),
-                        "{}: {key} PTTL {t}, not in {lo}..={hi}",
-                        row.name
-                    );
-                }
-                Check::Messages(want) => {
-                    assert_eq!(seen.len(), want.len(), "{}: messages {seen:?}", row.name);
-                    for (s, w) in seen.iter().zip(want.iter()) {
-                        assert!(
-                            s.starts_with(w),
-                            "{}: message {s:?}, expected {w:?}",
-                            row.name
-                        );
-                    }
-                }
-            }
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    run_rows(&LOCK, rows()).await;
 }
 
 /// A key of another type under the fence counter's name: the acquire fails with WRONGTYPE and
