@@ -25,11 +25,11 @@ fn main() {
     let mut cfg = Cfg::default();
     for f in which.split(',') {
         match f.trim() {
-            "loss" => cfg.losses = 1,
-            "freeze" => cfg.freezes += 1,
-            "drop" => cfg.drops = 1,
-            "kill" => cfg.kills += 1,
-            "stall" => cfg.stalls = 1,
+            "loss" => cfg.world.losses = 1,
+            "freeze" => cfg.world.freezes += 1,
+            "drop" => cfg.world.drops = 1,
+            "kill" => cfg.world.kills += 1,
+            "stall" => cfg.world.stalls = 1,
             "short" => cfg.bug = Bug::ShortLeaseBackgroundConfirm,
             "own" => cfg.bug = Bug::OwnClaimWindow,
             "-f1" => cfg.revert = Some(Revert::F1Watchers),
@@ -44,17 +44,17 @@ fn main() {
             "-r3" => cfg.revert = Some(Revert::R3Retention),
             "-r4" => cfg.revert = Some(Revert::R4Future),
             "-r5" => cfg.revert = Some(Revert::R5Fill),
-            "extend" => cfg.extends += 1,
-            "refresh" => cfg.refreshes += 1,
-            "careless" => cfg.careless += 1,
-            "step" => cfg.steps += 1,
+            "extend" => cfg.world.extends += 1,
+            "refresh" => cfg.world.refreshes += 1,
+            "careless" => cfg.world.careless += 1,
+            "step" => cfg.world.steps += 1,
             x if x.starts_with("retain=") => {
-                cfg.retain = Some(x[7..].parse().expect("retain=<ticks>"))
+                cfg.world.retain = Some(x[7..].parse().expect("retain=<ticks>"))
             }
             x if x.starts_with("horizon=") => {
-                cfg.horizon = x[8..].parse().expect("horizon=<ticks>")
+                cfg.world.horizon = x[8..].parse().expect("horizon=<ticks>")
             }
-            x if x.starts_with("wait=") => cfg.wait = x[5..].parse().expect("wait=<ticks>"),
+            x if x.starts_with("wait=") => cfg.world.wait = x[5..].parse().expect("wait=<ticks>"),
             x if x.starts_with("nocost=") => {
                 cfg.no_cost = x[7..].parse().expect("nocost=<COST_* bits>")
             }

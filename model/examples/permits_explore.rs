@@ -25,9 +25,9 @@ fn main() {
         let num = |x: &str| -> u8 { x.parse().expect("a number") };
         match f.trim() {
             "" => {}
-            "loss" => cfg.losses = 1,
-            "freeze" => cfg.freezes = 1,
-            "kill" => cfg.kills = 1,
+            "loss" => cfg.world.losses = 1,
+            "freeze" => cfg.world.freezes = 1,
+            "kill" => cfg.world.kills = 1,
             "barging" => cfg.bug = Bug::Barging,
             "double" => cfg.bug = Bug::DoubleFree,
             "-p1" => cfg.revert = Some(Revert::P1Claim),
@@ -37,10 +37,10 @@ fn main() {
             "-fill" => cfg.fill_first_last = false,
             "at" => cfg.watch_at = true,
             x if x.starts_with("bound=") => cfg.idle_bound = num(&x[6..]),
-            x if x.starts_with("h=") => cfg.horizon = num(&x[2..]),
-            x if x.starts_with("d=") => cfg.wait = num(&x[2..]),
-            x if x.starts_with("ttl=") => cfg.ttl = num(&x[4..]),
-            x if x.starts_with("notice=") => cfg.notice = num(&x[7..]),
+            x if x.starts_with("h=") => cfg.world.horizon = num(&x[2..]),
+            x if x.starts_with("d=") => cfg.world.wait = num(&x[2..]),
+            x if x.starts_with("ttl=") => cfg.world.ttl = num(&x[4..]),
+            x if x.starts_with("notice=") => cfg.world.notice = num(&x[7..]),
             x => panic!("unknown {x}"),
         }
     }

@@ -60,18 +60,18 @@ fn with(faults: &[&str]) -> Cfg {
     let mut c = Cfg::default();
     for f in faults {
         match *f {
-            "loss" => c.losses = 1,
-            "freeze" => c.freezes += 1,
-            "drop" => c.drops = 1,
-            "kill" => c.kills += 1,
-            "stall" => c.stalls = 1,
-            "extend" => c.extends += 1,
-            "refresh" => c.refreshes += 1,
-            "careless" => c.careless += 1,
-            "step" => c.steps += 1,
-            x if x.starts_with("retain=") => c.retain = Some(x[7..].parse().expect("ticks")),
-            x if x.starts_with("horizon=") => c.horizon = x[8..].parse().expect("ticks"),
-            x if x.starts_with("wait=") => c.wait = x[5..].parse().expect("ticks"),
+            "loss" => c.world.losses = 1,
+            "freeze" => c.world.freezes += 1,
+            "drop" => c.world.drops = 1,
+            "kill" => c.world.kills += 1,
+            "stall" => c.world.stalls = 1,
+            "extend" => c.world.extends += 1,
+            "refresh" => c.world.refreshes += 1,
+            "careless" => c.world.careless += 1,
+            "step" => c.world.steps += 1,
+            x if x.starts_with("retain=") => c.world.retain = Some(x[7..].parse().expect("ticks")),
+            x if x.starts_with("horizon=") => c.world.horizon = x[8..].parse().expect("ticks"),
+            x if x.starts_with("wait=") => c.world.wait = x[5..].parse().expect("ticks"),
             other => panic!("unknown fault family {other}"),
         }
     }

@@ -82,9 +82,9 @@ fn with(faults: &[&str]) -> Cfg {
     let mut c = Cfg::default();
     for f in faults {
         match *f {
-            "loss" => c.losses = 1,
-            "freeze" => c.freezes = 1,
-            "kill" => c.kills = 1,
+            "loss" => c.world.losses = 1,
+            "freeze" => c.world.freezes = 1,
+            "kill" => c.world.kills = 1,
             other => panic!("unknown fault family {other}"),
         }
     }
@@ -334,11 +334,11 @@ fn finding_p3_dead_head() {
         )
     );
     assert!(m.held_by_dead(last), "the dead head holds back w5");
-    assert!(!last.holders.iter().any(|h| h.w == 5));
+    assert!(!last.key.holders.iter().any(|h| h.w == 5));
     let (m, states) = replay(with(&["kill"]), &t).expect("replays");
     let last = states.last().unwrap();
     assert!(!m.held_by_dead(last));
-    assert!(last.holders.iter().any(|h| h.w == 5), "w5 is granted");
+    assert!(last.key.holders.iter().any(|h| h.w == 5), "w5 is granted");
 }
 
 /// `actions` do not all happen on `cfg` (the watchers differ, so a step is not enabled).
