@@ -75,12 +75,13 @@
 //! finding tests); the permits' likewise P1–P3 (`permits::Cfg`).
 
 mod canon;
-mod queue;
+pub mod check;
 pub mod fifo;
 pub mod lock;
 mod narrate;
 pub mod permits;
 mod process;
+mod queue;
 pub mod system;
 mod waiter;
 

@@ -304,7 +304,7 @@ impl<K: Key> System<K> {
                     (*u, *bg, *conf) = (until, false, until);
                 }
             }
-            // mirrors src/wait/notify/hub.rs -> Hub::deliver
+            // mirrors src/wait/notify/hub/mod.rs -> Hub::deliver
             Act::Deliver(p) => self.deliver(&mut s, p as usize),
             // a fault: the head message on P's subscriber connection is lost (reconnect, lagged)
             Act::Lose(p) => {
@@ -312,7 +312,7 @@ impl<K: Key> System<K> {
                 s.budget[LOSS] -= 1;
                 s.procs[p as usize].missed = true;
             }
-            // mirrors hub.rs -> dispatch: RecvError::Lagged / on_reconnect -> wake_all
+            // mirrors hub/tasks.rs -> dispatch: RecvError::Lagged / on_reconnect -> wake_all
             Act::Notice(p) => {
                 s.procs[p as usize].missed = false;
                 self.wake_all(&mut s, p as usize);
@@ -362,7 +362,7 @@ impl<K: Key> System<K> {
                 s.chans[p].clear();
                 K::incident(self, &mut s, Incident::SubDrop(p));
             }
-            // mirrors hub.rs -> on_reconnect (every slot Pending, wake_all) then sync's confirmation
+            // mirrors hub/subscriber.rs -> on_reconnect (every slot Pending, wake_all) then sync's confirmation
             // (Confirmed, wake_channel(Resubscribed))
             Act::Resub(p) => {
                 let p = p as usize;
@@ -409,7 +409,7 @@ impl<K: Key> System<K> {
         Some(s)
     }
 
-    // mirrors src/wait/notify/hub.rs -> Hub::deliver: the head message of P's subscriber
+    // mirrors src/wait/notify/hub/mod.rs -> Hub::deliver: the head message of P's subscriber
     // connection to its waiter's cell (a grant whose waiter has gone is given back: leave 'o')
     fn deliver(&self, s: &mut State<K>, p: usize) {
         let m = s.chans[p].remove(0);

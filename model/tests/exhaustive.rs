@@ -39,9 +39,7 @@
 //! kill + stall, the late acquisition's in loss + stall and drop + stall). As implemented, the
 //! bound holds in every pair.
 
-use stateright::{Checker, HasDiscoveries, Model, Path};
-use std::collections::BTreeSet;
-use std::time::Instant;
+use stateright::{Model, Path};
 use waitlock_model::*;
 
 const A: &str = "(a) never two valid holders";
@@ -87,52 +85,18 @@ fn threads() -> usize {
         .unwrap_or(2)
 }
 
-/// One exhaustive run: every reachable state, DFS + symmetry, 2 threads. Asserts the run was
-/// complete (`min_unique`: recorded count less ~1%; a cut run would still pass
-/// `assert_properties`), that both canaries were reached, and that exactly the `expected`
-/// properties are violated.
+/// One exhaustive run of the lock's model (`check::exhaustive`, `threads()` threads), both
+/// canaries reached.
 fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
-    let t = Instant::now();
-    let c = Queue::new(cfg)
-        .checker()
-        .symmetry()
-        .threads(threads())
-        .spawn_dfs()
-        .join();
-    let unique = c.unique_state_count();
-    println!(
-        "{name}: {unique} unique states ({} generated), depth {}, {:.1} s",
-        c.state_count(),
-        c.max_depth(),
-        t.elapsed().as_secs_f64()
+    let canaries = ["canary: every waiter ended", "canary: a handed-over guard"];
+    check::exhaustive(
+        name,
+        Queue::new(cfg),
+        threads(),
+        min_unique,
+        &canaries,
+        expected,
     );
-    assert!(c.is_done());
-    assert!(
-        unique >= min_unique,
-        "{name}: only {unique} unique states (expected at least {min_unique}): run cut short?"
-    );
-    let found = c.discoveries();
-    for canary in ["canary: every waiter ended", "canary: a handed-over guard"] {
-        assert!(found.contains_key(canary), "{name}: {canary} not reached");
-    }
-    let violated: BTreeSet<&str> = found
-        .keys()
-        .copied()
-        .filter(|p| !p.starts_with("canary"))
-        .collect();
-    let expected: BTreeSet<&str> = expected.iter().copied().collect();
-    if violated != expected {
-        let m = c.model();
-        for p in violated.symmetric_difference(&expected) {
-            if let Some(path) = found.get(p) {
-                println!(
-                    "{name}: {p} (a trace, not the shortest):\n{}",
-                    m.narrate(&path.clone().into_vec())
-                );
-            }
-        }
-        panic!("{name}: violated {violated:?}, expected {expected:?} (a protocol or model change: update the findings)");
-    }
 }
 
 // ---------------------------------------------------------------- the protocol as implemented
@@ -317,31 +281,9 @@ fn three_faults_loss_freeze_kill() {
 
 // ---------------------------------------------------------------- the bug switches
 
-/// The shortest counterexample of `property` (1-thread BFS in depth order, each property
-/// reporting only its first violation), printed in words.
+/// The shortest counterexample of `property` in the lock's model (`check::shortest`).
 fn shortest(name: &str, cfg: Cfg, property: &'static str) -> Vec<Act> {
-    let t = Instant::now();
-    let mut m = Queue::new(cfg);
-    m.first_only = true;
-    let c = m
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
-        .spawn_bfs()
-        .join();
-    let path = c
-        .discovery(property)
-        .unwrap_or_else(|| panic!("{name}: no counterexample to {property}"));
-    let actions = path.clone().into_actions();
-    println!(
-        "{name}: shortest counterexample to {property}: {} steps ({} unique states, {:.1} s)\n{}",
-        actions.len(),
-        c.unique_state_count(),
-        t.elapsed().as_secs_f64(),
-        c.model().narrate(&path.into_vec())
-    );
-    c.model().unlatch();
-    c.assert_discovery(property, actions.clone());
-    actions
+    check::shortest(name, Queue::new(cfg), property)
 }
 
 #[test]

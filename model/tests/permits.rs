@@ -63,9 +63,8 @@
 //! (2b) counts from the next call after a kill (`Cfg::idle_strict` counts from the kill:
 //! `observation_kill_strict`).
 
-use stateright::{Checker, HasDiscoveries, Model, Path};
-use std::collections::BTreeSet;
-use std::time::Instant;
+use stateright::{Model, Path};
+use waitlock_model::check;
 use waitlock_model::permits::*;
 
 // The unique-state floors of the exhaustive runs (the counts measured less ~1%).
@@ -107,78 +106,16 @@ fn fill_any(cfg: Cfg) -> Cfg {
     }
 }
 
-/// One exhaustive run: DFS + symmetry, 2 threads. Asserts the run was complete (`min_unique`:
-/// the recorded count less ~1%), that the canaries were reached, and that exactly the
-/// `expected` properties are violated.
+/// One exhaustive run of the permits' model (`check::exhaustive`, 2 threads), every canary
+/// reached.
 fn exhaustive(name: &str, cfg: Cfg, min_unique: usize, expected: &[&str]) {
-    let t = Instant::now();
-    let c = Permits::new(cfg)
-        .checker()
-        .symmetry()
-        .threads(2)
-        .spawn_dfs()
-        .join();
-    let unique = c.unique_state_count();
-    println!(
-        "{name}: {unique} unique states ({} generated), depth {}, {:.1} s",
-        c.state_count(),
-        c.max_depth(),
-        t.elapsed().as_secs_f64()
-    );
-    assert!(c.is_done());
-    assert!(
-        unique >= min_unique,
-        "{name}: only {unique} unique states (expected at least {min_unique}): run cut short?"
-    );
-    let found = c.discoveries();
-    for canary in [CANARY_ENDED, CANARY_BLOCKED, CANARY_THREE] {
-        assert!(found.contains_key(canary), "{name}: {canary} not reached");
-    }
-    let violated: BTreeSet<&str> = found
-        .keys()
-        .copied()
-        .filter(|p| !p.starts_with("canary"))
-        .collect();
-    let expected: BTreeSet<&str> = expected.iter().copied().collect();
-    if violated != expected {
-        let m = c.model();
-        for p in violated.symmetric_difference(&expected) {
-            if let Some(path) = found.get(p) {
-                println!(
-                    "{name}: {p} (a trace, not the shortest):\n{}",
-                    m.narrate(&path.clone().into_vec())
-                );
-            }
-        }
-        panic!("{name}: violated {violated:?}, expected {expected:?}");
-    }
+    let canaries = [CANARY_ENDED, CANARY_BLOCKED, CANARY_THREE];
+    check::exhaustive(name, Permits::new(cfg), 2, min_unique, &canaries, expected);
 }
 
-/// The shortest counterexample of `property` (1-thread BFS in depth order, each property
-/// reporting only its first violation, until `property` has one), printed in words.
+/// The shortest counterexample of `property` in the permits' model (`check::shortest`).
 fn shortest(name: &str, cfg: Cfg, property: &'static str) -> Vec<Act> {
-    let t = Instant::now();
-    let mut m = Permits::new(cfg);
-    m.first_only = true;
-    let c = m
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf([property].into()))
-        .spawn_bfs()
-        .join();
-    let path = c
-        .discovery(property)
-        .unwrap_or_else(|| panic!("{name}: no counterexample to {property}"));
-    let actions = path.clone().into_actions();
-    println!(
-        "{name}: shortest counterexample to {property}: {} steps ({} unique states, {:.1} s)\n{}",
-        actions.len(),
-        c.unique_state_count(),
-        t.elapsed().as_secs_f64(),
-        c.model().narrate(&path.into_vec())
-    );
-    c.model().unlatch();
-    c.assert_discovery(property, actions.clone());
-    actions
+    check::shortest(name, Permits::new(cfg), property)
 }
 
 /// Replays `actions` on `cfg` (`None` if one is not enabled); `Some(states)` otherwise.
