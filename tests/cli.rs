@@ -852,7 +852,7 @@ fn a_lock_the_command_hands_over_is_the_waiters_for_its_whole_ttl() {
                 .queued()
                 .build()
                 .await
-                .expect("pubsub locker");
+                .expect("queued locker");
             let opts = waitlock::LockOptions::new()
                 .with_ttl(Duration::from_secs(30))
                 .with_wait(Duration::from_secs(20));

@@ -11,17 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::interfaces::LuaInterface;
-use waitlock::{LockOptions, Locker, PubSubLocker};
-
-async fn pubsub(url: &str) -> PubSubLocker {
-    Locker::connect(url)
-        .await
-        .expect("connect to the cluster")
-        .queued()
-        .build()
-        .await
-        .expect("pubsub locker on the cluster")
-}
+use waitlock::{LockOptions, Locker};
 
 async fn polling(url: &str) -> Locker {
     Locker::connect(url)
@@ -34,21 +24,6 @@ async fn polling(url: &str) -> Locker {
 /// The slot of `key`'s lock (the hash tag is `waitlock:<key>` for plain keys).
 fn slot(key: &str) -> u16 {
     waitlock::fred::util::redis_keyslot(format!("waitlock:{key}").as_bytes())
-}
-
-/// Waits until each key's queue holds `n` waiters (`queued` reads one key's count).
-async fn until_queued<F, Fut>(keys: &[String], n: usize, queued: F)
-where
-    F: Fn(String) -> Fut,
-    Fut: std::future::Future<Output = usize>,
-{
-    for k in keys {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while queued(k.clone()).await < n {
-            assert!(Instant::now() < deadline, "{k}: waiters never queued");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
 }
 
 /// Sharded subscriber connections per node (`ssub=` non-zero in CLIENT LIST).
@@ -73,7 +48,10 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
     let holder = polling(&url).await;
-    let (a, b) = (pubsub(&url).await, pubsub(&url).await);
+    let (a, b) = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+    );
     assert!(a.uses_sharded_pubsub());
     let keys: Vec<String> = (0..100).map(|i| format!("spread-{i}")).collect();
     let owners: HashSet<u16> = keys.iter().map(|k| cluster.owner(slot(k))).collect();
@@ -108,11 +86,9 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
         }
     }
     // Every waiter queued, then the holder lets go of every key.
-    let holder_ref = &holder;
-    until_queued(&keys, 3, |k| async move {
-        holder_ref.status(&k).await.expect("status").queued
-    })
-    .await;
+    for k in &keys {
+        common::lock_queued(&holder, k, 3).await.expect("queued");
+    }
     let subscribers = shard_subscribers(&cluster);
     for g in held {
         g.release().await.expect("release");
@@ -149,7 +125,7 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
 async fn script_flush_on_every_node_mid_run() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
-    let (a, b) = (pubsub(&url).await, polling(&url).await);
+    let (a, b) = (common::queued_locker(&url).await, polling(&url).await);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -189,7 +165,7 @@ async fn waiters_follow_a_slot_that_moves() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
     let holder = polling(&url).await;
-    let locker = pubsub(&url).await;
+    let locker = common::queued_locker(&url).await;
     let key = "moving";
     let g = holder
         .acquire(key, &LockOptions::new())
@@ -262,7 +238,11 @@ async fn waiters_follow_a_slot_that_moves() {
 async fn failover_and_a_killed_primary_end_every_wait_by_its_deadline() {
     let mut cluster = RedisCluster::start(3, 1);
     let url = cluster.url();
-    let lockers = (pubsub(&url).await, pubsub(&url).await, polling(&url).await);
+    let lockers = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+        polling(&url).await,
+    );
     let store = Arc::new(common::FencedStore::default());
     let stop = Arc::new(AtomicBool::new(false));
     let wait = Duration::from_secs(8);
@@ -439,7 +419,7 @@ async fn five_thousand_slots_resubscribe_after_a_kill() {
         .queued()
         .build()
         .await
-        .expect("pubsub locker on the cluster");
+        .expect("queued locker on the cluster");
     // 5,000 keys whose locks live in 5,000 distinct slots.
     let mut seen = HashSet::new();
     let keys: Vec<String> = (0..)
@@ -545,7 +525,10 @@ async fn semaphore_grants_on_keys_over_every_primary() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
     let holder = polling(&url).await.semaphore(2).expect("semaphore");
-    let (a, b) = (pubsub(&url).await, pubsub(&url).await);
+    let (a, b) = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+    );
     let keys: Vec<String> = (0..30).map(|i| format!("permits-{i}")).collect();
     let owners: HashSet<u16> = keys.iter().map(|k| cluster.owner(slot(k))).collect();
     assert_eq!(owners.len(), 3, "the keys do not cover every primary");
@@ -577,11 +560,9 @@ async fn semaphore_grants_on_keys_over_every_primary() {
             }));
         }
     }
-    let holder_ref = &holder;
-    until_queued(&keys, 3, |k| async move {
-        holder_ref.status(&k).await.expect("status").queued
-    })
-    .await;
+    for k in &keys {
+        common::permits_queued(&holder, k, 3).await.expect("queued");
+    }
     for g in held {
         g.release().await.expect("release");
     }

@@ -14,32 +14,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
 use waitlock::strategy::Strategy;
-use waitlock::{Backoff, Error, LockOptions, Locker, PubSubLocker};
-
-/// The fence-checking store (on a second Redis): refuses any read or write whose fence is
-/// lower than the highest it has seen. KEYS: counter, max fence, accepted writes.
-/// ARGV: fence, "read" | "write", value. Reply: -1 refused, else the value read / 1.
-const STORE_LUA: &str = r#"
-local max = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) < max then return -1 end
-redis.call('SET', KEYS[2], ARGV[1])
-if ARGV[2] == 'read' then return tonumber(redis.call('GET', KEYS[1]) or '0') end
-redis.call('SET', KEYS[1], ARGV[3])
-redis.call('INCR', KEYS[3])
-return 1
-"#;
+use waitlock::{Backoff, Error, LockOptions, Locker, Queue};
 
 const STORE_KEYS: [&str; 3] = ["store:counter", "store:maxfence", "store:accepted"];
 
 async fn store_op(store: &Client, fence: u64, op: &str, value: i64) -> i64 {
-    store
-        .eval::<i64, _, _, _>(
-            STORE_LUA,
-            STORE_KEYS.to_vec(),
-            vec![fence.to_string(), op.to_owned(), value.to_string()],
-        )
-        .await
-        .expect("store is never faulted")
+    let keys = STORE_KEYS.iter().map(|k| k.to_string()).collect();
+    common::store_op(store, keys, fence, op, value).await
 }
 
 // ------------------------------------------------------------------ worker process
@@ -414,7 +395,7 @@ where
 
 /// The registry is empty, Redis shows no subscriber on the keys' channels, and no background
 /// task of the locker is running.
-async fn leak_check(env: &Conn, pubsub: &PubSubLocker, keys: &[&str]) -> Result<(), String> {
+async fn leak_check(env: &Conn, pubsub: &Locker<Queue>, keys: &[&str]) -> Result<(), String> {
     pubsub.subscriptions_settled().await;
     pubsub.idle().await;
     let size = pubsub.registry_size();
@@ -916,7 +897,7 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
                 tokio::time::timeout(d(5), locker.acquire_wait(key, opts)).await,
             ),
             (
-                "PubSubLocker",
+                "Locker<Queue>",
                 tokio::time::timeout(d(5), pubsub.acquire_wait(key, opts)).await,
             ),
         ] {
@@ -996,6 +977,7 @@ async fn scenario_bad_input(env: &Conn) -> Result<String, String> {
             Err(
                 Error::InvalidKey { .. }
                 | Error::InvalidOptions { .. }
+                | Error::InvalidSetting { .. }
                 | Error::Redis { .. }
                 | Error::Connect { .. }
                 | Error::Timeout { .. },

@@ -25,7 +25,7 @@ use waitlock::{Backoff, Error, LockOptions, Locker};
 
 // ------------------------------------------------------------------ workers
 
-/// Role `grantee`: a `PubSubLocker` (claim window `H_CLAIM_MS`, 0: the default) on a
+/// Role `grantee`: a `Locker<Queue>` (claim window `H_CLAIM_MS`, 0: the default) on a
 /// current-thread runtime when `H_RT=current`. On `wait`, one `acquire_wait` (TTL `H_TTL_MS`);
 /// on the lock it prints `ACQ <ns> <fence> <ms of validity left>`, holds `H_HOLD_MS` (blocking
 /// its thread with `std::thread::sleep` when `H_BLOCK=1`, else a tokio sleep), prints
@@ -44,7 +44,7 @@ async fn worker(role: &str) {
     let ttl = Duration::from_millis(env_num("H_TTL_MS").max(1));
     match role {
         "grantee" => {
-            let locker = builder.queued().build().await.expect("pubsub locker");
+            let locker = builder.queued().build().await.expect("queued locker");
             pipe.say("ready");
             while let Some(line) = pipe.input.recv().await {
                 if line != "wait" {
@@ -99,7 +99,7 @@ async fn worker(role: &str) {
             }
         }
         "crowd" => {
-            let locker = builder.queued().build().await.expect("pubsub locker");
+            let locker = builder.queued().build().await.expect("queued locker");
             let opts = LockOptions::new()
                 .with_ttl(ttl)
                 .with_wait(Duration::from_secs(60));
@@ -122,25 +122,6 @@ fn spawn(role: &str, url: &str, key: &str, extra: &[(&str, String)]) -> Proc {
 }
 
 // ------------------------------------------------------------------ helpers
-
-/// Waits until `key`'s queue holds at least `n` waiters.
-async fn queued(locker: &Locker, key: &str, n: usize) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = locker.status(key).await.map_err(|e| e.to_string())?;
-        if s.queued >= n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{key}: {} waiters queued, not {n}", s.queued));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
 
 // ------------------------------------------------------------------ scenarios
 
@@ -171,9 +152,9 @@ async fn blocking_section_after_a_grant(url: &str, rt: &str) -> Result<String, S
         w.expect("ready", Duration::from_secs(20)).await?;
         x.expect("ready", Duration::from_secs(20)).await?;
         w.send("wait");
-        queued(&holder, &key, 1).await?;
+        common::lock_queued(&holder, &key, 1).await?;
         x.send("wait");
-        queued(&holder, &key, 2).await?;
+        common::lock_queued(&holder, &key, 2).await?;
         tokio::time::sleep(Duration::from_millis(idle_ms)).await;
         let released = now_ns();
         g.release().await.map_err(|e| e.to_string())?;
@@ -184,8 +165,8 @@ async fn blocking_section_after_a_grant(url: &str, rt: &str) -> Result<String, S
         if field(&x_acq, 1) < field(&w_rel, 1) {
             return Err(format!(
                 "two holders: X held the lock {:.0} ms after the release, while W's blocking section ran until {:.0} ms (W's guard said {valid_ms} ms left)",
-                ms(field(&x_acq, 1).saturating_sub(released)),
-                ms(field(&w_rel, 1).saturating_sub(released)),
+                common::ms(field(&x_acq, 1).saturating_sub(released)),
+                common::ms(field(&w_rel, 1).saturating_sub(released)),
             ));
         }
         // TTL 10 s, less twice the drift margin (1% + 2 ms): at least 9,796 ms.
@@ -196,9 +177,9 @@ async fn blocking_section_after_a_grant(url: &str, rt: &str) -> Result<String, S
         }
         out.push(format!(
             "idle {idle_ms} ms: W held at +{:.1} ms with {valid_ms} ms left, X at +{:.0} ms after W's {:.0} ms section",
-            ms(field(&w_acq, 1).saturating_sub(released)),
-            ms(field(&x_acq, 1).saturating_sub(released)),
-            ms(field(&w_rel, 1).saturating_sub(field(&w_acq, 1))),
+            common::ms(field(&w_acq, 1).saturating_sub(released)),
+            common::ms(field(&x_acq, 1).saturating_sub(released)),
+            common::ms(field(&w_rel, 1).saturating_sub(field(&w_acq, 1))),
         ));
         w.finish();
         x.finish();
@@ -233,7 +214,7 @@ async fn two_claim_windows(url: &str) -> Result<String, String> {
         w.expect("ready", Duration::from_secs(20)).await?;
         c.expect("ready", Duration::from_secs(20)).await?;
         w.send("wait");
-        queued(&holder, &key, 1).await?;
+        common::lock_queued(&holder, &key, 1).await?;
         tokio::time::sleep(Duration::from_millis(idle_ms)).await;
         c.send("go");
         let released = now_ns();
@@ -244,15 +225,15 @@ async fn two_claim_windows(url: &str) -> Result<String, String> {
         if field(&c_acq, 1) < field(&w_rel, 1) {
             return Err(format!(
                 "two holders: the poller held the lock {:.0} ms after the release, inside W's hold (until {:.0} ms; W's guard said {} ms left)",
-                ms(field(&c_acq, 1).saturating_sub(released)),
-                ms(field(&w_rel, 1).saturating_sub(released)),
+                common::ms(field(&c_acq, 1).saturating_sub(released)),
+                common::ms(field(&w_rel, 1).saturating_sub(released)),
                 field(&w_acq, 3)
             ));
         }
         out.push(format!(
             "idle {idle_ms} ms: W valid {} ms at return, poller at +{:.0} ms (after W's release)",
             field(&w_acq, 3),
-            ms(field(&c_acq, 1).saturating_sub(released))
+            common::ms(field(&c_acq, 1).saturating_sub(released))
         ));
         w.finish();
         c.finish();
@@ -404,16 +385,6 @@ async fn pool_replay(url: &str) -> Result<String, String> {
 /// prints (about 10 ms on a quiet machine, 58 ms once while another build ran); it asserts
 /// less than one claim window (400 ms), which holds on a busy machine and still fails if a
 /// single grant went to a dead waiter and had to lapse.
-/// Script calls Redis has run (EVALSHA and EVAL), from INFO commandstats.
-async fn script_calls(admin: &waitlock::fred::clients::Client) -> u64 {
-    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    let calls = common::command_calls(&info);
-    ["evalsha", "eval"]
-        .iter()
-        .filter_map(|c| calls.get(*c))
-        .sum()
-}
-
 async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
     let admin = common::client_for(url).await;
     let holder = Locker::new(common::client_for(url).await);
@@ -431,7 +402,7 @@ async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
         &[("H_N", n.to_string()), ("H_TTL_MS", "10000".to_owned())],
     );
     crowd.expect("ready", Duration::from_secs(20)).await?;
-    queued(&holder, key, n).await?;
+    common::lock_queued(&holder, key, n).await?;
     let mut live = spawn(
         "grantee",
         url,
@@ -443,7 +414,7 @@ async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
     );
     live.expect("ready", Duration::from_secs(20)).await?;
     live.send("wait");
-    queued(&holder, key, n + 1).await?;
+    common::lock_queued(&holder, key, n + 1).await?;
     crowd.kill();
     // Dead means dead to Redis: wait until it no longer counts the crowd's subscriber (a close
     // it has not read yet would make it a live process at the release).
@@ -460,10 +431,10 @@ async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
     // what shows the bound).
     let _: Value = common::cmd(&admin, "CONFIG SET slowlog-log-slower-than 50000", vec![]).await;
     let _: Value = common::cmd(&admin, "SLOWLOG RESET", vec![]).await;
-    let calls_before = script_calls(&admin).await;
+    let calls_before = common::script_calls(&admin).await;
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
-    let release_calls = script_calls(&admin).await - calls_before;
+    let release_calls = common::script_calls(&admin).await - calls_before;
     // Nobody jumps the queue while the dead are dropped.
     match intruder
         .try_lock(key, "intruder", Duration::from_secs(10))
@@ -473,7 +444,7 @@ async fn dead_waiters_at_the_head(url: &str) -> Result<String, String> {
         other => return Err(format!("try_lock right after the release: {other:?}")),
     }
     let acq = live.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = ms(field(&acq, 1).saturating_sub(released));
+    let after = common::ms(field(&acq, 1).saturating_sub(released));
     let slow: Vec<Value> = common::cmd(&admin, "SLOWLOG GET 20", vec![]).await;
     let _: Value = common::cmd(&admin, "CONFIG SET slowlog-log-slower-than 10000", vec![]).await;
     if !slow.is_empty() {

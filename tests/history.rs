@@ -61,19 +61,6 @@ const CLAIM: Duration = waitlock::DEFAULT_CLAIM_WINDOW;
 /// processes hash and its fence counter must live while waiters wait, however long).
 const RETENTION: Duration = Duration::from_secs(1);
 
-/// The fence-checking store: refuses a read or write whose fence is below the highest it has
-/// seen for the key. KEYS: counter, max fence, accepted writes. ARGV: fence, "read" | "write",
-/// value. Reply: -1 refused, else the value read / 1.
-const STORE_LUA: &str = r#"
-local max = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) < max then return -1 end
-redis.call('SET', KEYS[2], ARGV[1])
-if ARGV[2] == 'read' then return tonumber(redis.call('GET', KEYS[1]) or '0') end
-redis.call('SET', KEYS[1], ARGV[3])
-redis.call('INCR', KEYS[3])
-return 1
-"#;
-
 fn store_keys(key: &str) -> Vec<String> {
     ["counter", "max", "accepted"]
         .iter()
@@ -82,14 +69,7 @@ fn store_keys(key: &str) -> Vec<String> {
 }
 
 async fn store_op(store: &Client, key: &str, fence: u64, op: &str, value: i64) -> i64 {
-    store
-        .eval::<i64, _, _, _>(
-            STORE_LUA,
-            store_keys(key),
-            vec![fence.to_string(), op.to_owned(), value.to_string()],
-        )
-        .await
-        .expect("the store is never faulted")
+    common::store_op(store, store_keys(key), fence, op, value).await
 }
 
 /// A seeded xorshift64* sequence.
@@ -237,7 +217,8 @@ fn kind_of(e: &Error) -> &'static str {
 
 async fn worker_with<S: Strategy>(locker: Locker<S>) {
     let locker = Arc::new(locker);
-    let queue = (&*locker as &dyn std::any::Any).downcast_ref::<waitlock::PubSubLocker>();
+    let queue =
+        (&*locker as &dyn std::any::Any).downcast_ref::<waitlock::Locker<waitlock::Queue>>();
     let store = client_for(&env("H_STORE_URL")).await;
     let mut pipe = Pipe::open();
     let tx = pipe.out.clone();
@@ -463,10 +444,6 @@ struct OpRec {
     waited_ms: u64,
 }
 
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
-
 /// Runs the schedule of faults until `until`; returns what was done.
 async fn inject(
     rng: &mut Rng,
@@ -566,7 +543,7 @@ fn check_history(
             if b.start < a.end {
                 v.fail(format!(
                     "(a) {key}: two holds overlap by {:.3} ms: fence {} ({} of worker {}, {:.3}..{:.3}) and fence {} ({} of worker {}, from {:.3})",
-                    ms(a.end - b.start), a.fence, a.kind, a.worker, ms(a.start), ms(a.end), b.fence, b.kind, b.worker, ms(b.start)
+                    common::ms(a.end - b.start), a.fence, a.kind, a.worker, common::ms(a.start), common::ms(a.end), b.fence, b.kind, b.worker, common::ms(b.start)
                 ));
             }
             if b.fence <= a.fence {
@@ -614,7 +591,7 @@ fn check_history(
                     if gap > allowed {
                         v.fail(format!(
                             "(b) {key}: free for {gap:?} ({:.3}..{:.3}) while a queued waiter waited (allowed {allowed:?}, faults near: {:?})",
-                            ms(gs), ms(ge), near.iter().map(|f| f.what).collect::<Vec<_>>()
+                            common::ms(gs), common::ms(ge), near.iter().map(|f| f.what).collect::<Vec<_>>()
                         ));
                     }
                 }

@@ -428,18 +428,7 @@ async fn a_shorter_extend_of_a_permit_shortens_the_guards_validity() {
     let sent = Instant::now();
     ga.extend(Duration::from_millis(300)).await.expect("extend");
     assert!(ga.valid_until() <= sent + Duration::from_millis(300));
-    let gb = loop {
-        match sb.acquire("shorter-permit", 1, &opts).await {
-            Ok(g) => break g,
-            Err(Error::Locked { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
-            Err(e) => panic!("b: {e}"),
-        }
-    };
-    assert!(
-        ga.valid_until() <= Instant::now(),
-        "two valid holders of one permit: a's guard says valid for {:?} more",
-        ga.valid_until().saturating_duration_since(Instant::now())
-    );
+    let gb = common::take_over_permit(&sb, "shorter-permit", &opts, &ga).await;
     gb.release().await.expect("b releases");
 }
 

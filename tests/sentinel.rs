@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use waitlock::{Error, LockOptions, Locker, PubSubLocker};
+use waitlock::{Error, LockOptions, Locker, Queue};
 
-/// A pub/sub locker and a polling locker, each with its own connection through the sentinels.
-async fn lockers(url: &str) -> (PubSubLocker, Locker) {
+/// A queued locker and a polling locker, each with its own connection through the sentinels.
+async fn lockers(url: &str) -> (Locker<Queue>, Locker) {
     let a = Locker::connect(url)
         .await
         .expect("connect")

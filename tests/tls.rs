@@ -9,7 +9,7 @@ use common::RedisServer;
 use std::future::Future;
 use std::time::{Duration, Instant};
 use waitlock::fred::prelude::*;
-use waitlock::{ConnectOptions, ConnectStep, Error, LockOptions, Locker, PubSubLocker, TlsOptions};
+use waitlock::{ConnectOptions, ConnectStep, Error, LockOptions, Locker, Queue, TlsOptions};
 
 /// Every failure must be reported well within this (connecting is cut at 5 s).
 const FAIL_WITHIN: Duration = Duration::from_secs(10);
@@ -36,7 +36,7 @@ async fn fails<T: std::fmt::Debug>(
 }
 
 /// One waiter queued behind a holder, then handed the lock by the release.
-async fn handoff(locker: &PubSubLocker, key: &str) {
+async fn handoff(locker: &Locker<Queue>, key: &str) {
     let holder = locker
         .acquire(key, &LockOptions::new())
         .await
@@ -188,7 +188,7 @@ async fn a_server_certificate_from_another_ca_is_refused_quickly() {
         msg.contains("not signed by a CA this client trusts"),
         "{msg}"
     );
-    // The pub/sub locker connects the same way, so fails the same way.
+    // The queued locker connects the same way, so fails the same way.
     fails(
         "wrong CA, pub/sub",
         Locker::connect_with(&server.url(), &trusting(server.certs.other_ca())),
@@ -247,9 +247,11 @@ async fn a_tls_server_behind_redis_fails_quickly() {
     )
     .await;
     assert!(
-        matches!(e, Error::InvalidOptions { field: "tls", .. }),
+        matches!(e, Error::InvalidSetting { field: "tls", .. }),
         "{e:?}"
     );
+    // A setting, not a lock's option: the message names no lock.
+    assert!(!e.to_string().contains("lock"), "{e}");
 }
 
 #[tokio::test]
@@ -264,7 +266,7 @@ async fn unreadable_pem_names_the_option() {
     assert!(
         matches!(
             e,
-            Error::InvalidOptions {
+            Error::InvalidSetting {
                 field: "tls.ca",
                 ..
             }
@@ -286,7 +288,7 @@ async fn unreadable_pem_names_the_option() {
     assert!(
         matches!(
             e,
-            Error::InvalidOptions {
+            Error::InvalidSetting {
                 field: "tls.client_key",
                 ..
             }

@@ -358,6 +358,21 @@ pub fn procs_key(key: &str) -> String {
     format!("{}:p", lock_key(key))
 }
 
+/// The Redis name of the leases of the semaphore on `key` (a sorted set: token → lease end).
+pub fn permit_key(key: &str) -> String {
+    format!("{}:s", lock_key(key))
+}
+
+/// The Redis name of the semaphore's state (`<permits> <held> <fence>`) on `key`.
+pub fn permit_state_key(key: &str) -> String {
+    format!("{}:fence", permit_key(key))
+}
+
+/// The Redis name of the semaphore's waiter queue on `key`.
+pub fn permit_queue_key(key: &str) -> String {
+    format!("{}:q", permit_key(key))
+}
+
 /// How many processes (subscriber connections) listen for grants on `key` now: its grant
 /// channels, sharded or classic.
 pub async fn listeners(client: &Client, key: &str) -> usize {
@@ -382,6 +397,78 @@ pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> b
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// A queued locker on `url` (one server, a cluster or a Sentinel set: what the URL names).
+pub async fn queued_locker(url: &str) -> waitlock::Locker<waitlock::Queue> {
+    waitlock::Locker::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+        .queued()
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("a queued locker on {url}: {e}"))
+}
+
+/// Waits until `count` (how many wait on `key` now) is `n`, checking every 2 ms; an error
+/// after 30 s (a bound that holds on a busy machine) or when `count` fails.
+pub async fn until_queued<F, Fut>(key: &str, n: usize, mut count: F) -> Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<usize, String>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = count().await?;
+        if now == n {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("{key}: {now} waiters queued, not {n}"));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Waits until `key`'s lock queue holds `n` waiters (see [`until_queued`]).
+pub async fn lock_queued<S: waitlock::strategy::Strategy>(
+    locker: &waitlock::Locker<S>,
+    key: &str,
+    n: usize,
+) -> Result<(), String> {
+    until_queued(key, n, || async {
+        let status = locker.status(key).await.map_err(|e| e.to_string())?;
+        Ok(status.queued)
+    })
+    .await
+}
+
+/// Waits until `key`'s permit queue holds `n` waiters (see [`until_queued`]).
+pub async fn permits_queued<S: waitlock::strategy::Strategy>(
+    sem: &waitlock::Semaphore<S>,
+    key: &str,
+    n: usize,
+) -> Result<(), String> {
+    until_queued(key, n, || async {
+        let status = sem.status(key).await.map_err(|e| e.to_string())?;
+        Ok(status.queued)
+    })
+    .await
+}
+
+/// Nanoseconds as milliseconds, for reports.
+pub fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Script calls Redis has run (EVALSHA and EVAL), from INFO commandstats.
+pub async fn script_calls(admin: &Client) -> u64 {
+    let info: String = cmd(admin, "INFO commandstats", vec![]).await;
+    let calls = command_calls(&info);
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|c| calls.get(*c))
+        .sum()
 }
 
 /// Wall-clock nanoseconds since the epoch: comparable across the processes of one host.
@@ -478,4 +565,58 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
+}
+
+/// The fence-checking store (on a second Redis, never faulted): refuses a read or write whose
+/// fence is below the highest it has seen. KEYS: counter, max fence, accepted writes. ARGV:
+/// fence, "read" | "write", value. Reply: -1 refused, else the value read / 1.
+const STORE_LUA: &str = r#"
+local max = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < max then return -1 end
+redis.call('SET', KEYS[2], ARGV[1])
+if ARGV[2] == 'read' then return tonumber(redis.call('GET', KEYS[1]) or '0') end
+redis.call('SET', KEYS[1], ARGV[3])
+redis.call('INCR', KEYS[3])
+return 1
+"#;
+
+/// One fenced operation on the store: `op` "read" or "write" (of `value`) on the store keys
+/// `keys` (counter, max fence, accepted writes), with `fence`. -1 when the store refused it.
+#[allow(dead_code)]
+pub async fn store_op(store: &Client, keys: Vec<String>, fence: u64, op: &str, value: i64) -> i64 {
+    store
+        .eval::<i64, _, _, _>(
+            STORE_LUA,
+            keys,
+            vec![fence.to_string(), op.to_owned(), value.to_string()],
+        )
+        .await
+        .expect("the store is never faulted")
+}
+
+/// `b`'s `weight` permits of `key` as soon as they are free (one attempt every 5 ms), after
+/// checking that `a`'s guard, whose lease is over, no longer reads valid once `b` holds.
+#[allow(dead_code)]
+pub async fn take_over_permit<S: waitlock::strategy::Strategy>(
+    b: &waitlock::Semaphore<S>,
+    key: &str,
+    opts: &waitlock::LockOptions,
+    a: &waitlock::LockGuard,
+) -> waitlock::LockGuard {
+    let gb = loop {
+        match b.acquire(key, 1, opts).await {
+            Ok(g) => break g,
+            Err(waitlock::Error::Locked { .. }) => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Err(e) => panic!("b: {e}"),
+        }
+    };
+    let now = tokio::time::Instant::now();
+    assert!(
+        a.valid_until() <= now,
+        "two valid holders of one permit: a's guard says valid for {:?} more",
+        a.valid_until().saturating_duration_since(now)
+    );
+    gb
 }

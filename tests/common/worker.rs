@@ -202,7 +202,7 @@ pub async fn finish_locker<S: waitlock::strategy::Strategy>(
     locker: &waitlock::Locker<S>,
     mut pipe: Pipe,
 ) {
-    let queue = (locker as &dyn std::any::Any).downcast_ref::<waitlock::PubSubLocker>();
+    let queue = (locker as &dyn std::any::Any).downcast_ref::<waitlock::Locker<waitlock::Queue>>();
     if let Some(l) = queue {
         l.subscriptions_settled().await;
     }

@@ -1,19 +1,22 @@
-//! `PubSubLocker`: notification-driven waiting against a real private redis-server.
+//! The queued `Locker<Queue>`: waiters woken by the release, against a real private
+//! redis-server.
 
 mod common;
 
 use common::{
-    eventually, hold_keys, lock_channels, lock_key, pubsub_connections, tight, RedisServer, Seeded,
+    eventually, hold_keys, listeners, lock_channels, lock_key, pubsub_connections, tight,
+    RedisServer, Seeded,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use waitlock::{Error, LockOptions, Locker, PubSubLocker};
+use tokio::time::Instant;
+use waitlock::{Error, LockOptions, Locker, Queue};
 
 /// Starts one `acquire_wait` in a task and returns once it is queued in Redis (its
 /// subscription confirmed, its queueing attempt run).
 async fn registered_waiter(
-    locker: &PubSubLocker,
+    locker: &Locker<Queue>,
     key: &'static str,
     opts: &LockOptions,
 ) -> tokio::task::JoinHandle<waitlock::Result<waitlock::LockGuard>> {
@@ -39,15 +42,9 @@ async fn registered_waiter(
     waiter
 }
 
-async fn pubsub(server: &RedisServer) -> PubSubLocker {
-    Locker::queued(server.client().await)
-        .await
-        .expect("pubsub locker")
-}
-
 async fn handoff_is_driven_by_notifications(server: RedisServer) {
-    let a = pubsub(&server).await;
-    let b = pubsub(&server).await;
+    let a = common::queued_locker(&server.url()).await;
+    let b = common::queued_locker(&server.url()).await;
     // Default backoff (1 s base): a timer wake would take long, notifications must do the work.
     let opts = LockOptions::new().with_wait(Duration::from_secs(20));
     let handoffs = Arc::new(AtomicU64::new(0));
@@ -90,7 +87,7 @@ async fn handoff_is_driven_by_notifications(server: RedisServer) {
 }
 
 async fn a_crashed_holder_is_replaced_promptly_after_its_ttl(server: RedisServer) {
-    let locker = pubsub(&server).await;
+    let locker = common::queued_locker(&server.url()).await;
     let holder = Locker::new(server.client().await);
     let g = holder
         .acquire(
@@ -116,7 +113,7 @@ async fn a_crashed_holder_is_replaced_promptly_after_its_ttl(server: RedisServer
 
 async fn dropped_waiters_leave_no_registry_entry_and_no_subscription(server: RedisServer) {
     let admin = server.client().await;
-    let locker = pubsub(&server).await;
+    let locker = common::queued_locker(&server.url()).await;
     let holder = Locker::new(server.client().await);
     let held = hold_keys(&holder, "sweep", 10).await;
     let opts = tight().with_wait(Duration::from_secs(10));
@@ -159,7 +156,7 @@ use waitlock::fred::prelude::*;
 
 async fn waiters_survive_a_killed_subscriber_connection(server: RedisServer) {
     let admin = server.client().await;
-    let locker = pubsub(&server).await;
+    let locker = common::queued_locker(&server.url()).await;
     let holder = Locker::new(server.client().await);
     let g = holder
         .acquire("killsub", &LockOptions::new())
@@ -248,7 +245,7 @@ async fn waiters_survive_or_fail_cleanly_across_a_redis_restart(mut server: Redi
 
 async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber(server: RedisServer) {
     let admin = server.client().await;
-    let locker = pubsub(&server).await;
+    let locker = common::queued_locker(&server.url()).await;
     let holder = Locker::new(server.client().await);
     let held = hold_keys(&holder, "scale", 100).await;
     let opts = LockOptions::new().with_wait(Duration::from_secs(60));
@@ -291,7 +288,7 @@ async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber(server: Redis
 }
 
 async fn releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters(server: RedisServer) {
-    let locker = pubsub(&server).await;
+    let locker = common::queued_locker(&server.url()).await;
     let plain = Locker::new(server.client().await);
     // Default backoff: without the notification the waiter would sleep up to a second.
     let opts = LockOptions::new().with_wait(Duration::from_secs(10));
@@ -335,7 +332,7 @@ async fn processes_take_turns_under_sustained_contention(server: RedisServer) {
     // Three lockers, three subscriber connections: three "processes" as Redis sees them.
     let mut lockers = Vec::new();
     for _ in 0..3 {
-        lockers.push(pubsub(&server).await);
+        lockers.push(common::queued_locker(&server.url()).await);
     }
     let opts = LockOptions::new().with_wait(Duration::from_secs(30));
     let total = Arc::new(AtomicU64::new(0));
@@ -377,7 +374,7 @@ async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks(server: R
     let admin = server.client().await;
     let connections = |list: String| list.lines().count();
     let before = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
-    let locker = pubsub(&server).await; // its own command client plus one subscriber
+    let locker = common::queued_locker(&server.url()).await; // its own command client plus one subscriber
     let with = connections(common::cmd(&admin, "CLIENT LIST", vec![]).await);
     assert_eq!(with, before + 2);
     let g = locker
@@ -406,9 +403,13 @@ async fn dropping_the_locker_closes_its_subscriber_and_stops_its_tasks(server: R
 #[tokio::test]
 async fn the_pubsub_kind_is_detected_once_at_start() {
     let sharded = RedisServer::start();
-    assert!(pubsub(&sharded).await.uses_sharded_pubsub());
+    assert!(common::queued_locker(&sharded.url())
+        .await
+        .uses_sharded_pubsub());
     let classic = RedisServer::start_classic();
-    assert!(!pubsub(&classic).await.uses_sharded_pubsub());
+    assert!(!common::queued_locker(&classic.url())
+        .await
+        .uses_sharded_pubsub());
 }
 
 /// Every test above runs twice: against a Redis with sharded pub/sub (SSUBSCRIBE/SPUBLISH), and
@@ -436,4 +437,163 @@ on_both_pubsub_kinds! {
     #[tokio::test] releases_by_a_plain_locker_or_unlock_wake_pubsub_waiters;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)] processes_take_turns_under_sustained_contention;
     #[tokio::test] dropping_the_locker_closes_its_subscriber_and_stops_its_tasks;
+}
+
+/// Finding 1: after the subscriber connection is killed, releases landing while fred
+/// reconnects and resubscribes must not be lost: every waiter checks its lock once Redis has
+/// confirmed the new subscription, so each key is taken within milliseconds of its release,
+/// never after a timer (the check interval is 0.75-1.25 s; before the fix: 0.36-3.8 s in
+/// 5-15% of rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_wake_up_is_lost_across_a_subscriber_reconnect() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let holder = Locker::new(server.client().await);
+    let locker = common::queued_locker(&server.url()).await;
+    let opts = LockOptions::new().with_wait(Duration::from_secs(20));
+    let (keys, per_key, rounds) = (200, 5, 12);
+    let mut worst = Duration::ZERO;
+    for round in 0..rounds {
+        let prefix = format!("reconnect-{round}");
+        let held = hold_keys(&holder, &prefix, keys).await;
+        let mut waiters = Vec::new();
+        for k in 0..keys {
+            for _ in 0..per_key {
+                let (l, o, key) = (locker.clone(), opts.clone(), format!("{prefix}-{k}"));
+                waiters.push(tokio::spawn(async move {
+                    let g = l.acquire_wait(&key, &o).await.expect("acquire_wait");
+                    let at = Instant::now();
+                    g.release().await.expect("release");
+                    (key, at)
+                }));
+            }
+        }
+        eventually("all waiters registered", Duration::from_secs(20), || {
+            locker.registry_size().waiters == keys * per_key
+        })
+        .await;
+        for k in 0..keys {
+            let key = format!("{prefix}-{k}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while holder.status(&key).await.expect("status").queued < per_key {
+                assert!(Instant::now() < deadline, "{key}: waiters never queued");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        let reconnects = locker.stats().wakes.reconnects;
+        let _: Value = common::cmd(&admin, "CLIENT KILL TYPE pubsub", vec![]).await;
+        // Noticed at once (not on a 1 ms poll): the race is in the first milliseconds.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while locker.stats().wakes.reconnects == reconnects {
+            assert!(Instant::now() < deadline, "fred never reconnected");
+            tokio::task::yield_now().await;
+        }
+        // Releases spread over the first ~10 ms after the reconnect, while the channels are
+        // being subscribed again.
+        let releases: Vec<_> = held
+            .into_iter()
+            .enumerate()
+            .map(|(k, g)| {
+                let key = format!("{prefix}-{k}");
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_micros(50 * k as u64)).await;
+                    g.release().await.expect("release");
+                    (key, Instant::now())
+                })
+            })
+            .collect();
+        let mut released = std::collections::HashMap::new();
+        for r in releases {
+            let (key, at) = r.await.expect("release task");
+            released.insert(key, at);
+        }
+        let mut first = std::collections::HashMap::new();
+        for w in waiters {
+            let (key, at) = w.await.expect("waiter");
+            let e = first.entry(key).or_insert(at);
+            *e = (*e).min(at);
+        }
+        for (key, at) in first {
+            worst = worst.max(at.saturating_duration_since(released[&key]));
+        }
+    }
+    assert!(
+        // Far below any fallback: a lost wake-up would wait for the 100 s last-resort look.
+        worst < Duration::from_millis(500),
+        "a key was taken {worst:?} after its release (a wake-up was lost)"
+    );
+    println!(
+        "{rounds} rounds x {} waiters: worst release-to-holder {worst:?}",
+        keys * per_key
+    );
+}
+
+/// Finding 3: `subscriptions_settled()` resolves only after Redis has processed the
+/// unsubscribe of a waiter that left (before the fix: the channel still counted a subscriber
+/// in 3-17 of 2,000 tries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settled_means_redis_processed_the_unsubscribe() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let holder = Locker::new(server.client().await);
+    let locker = common::queued_locker(&server.url()).await;
+    let _held = hold_keys(&holder, "parked", 1).await;
+    let opts = LockOptions::new().with_wait(Duration::from_secs(30));
+    for i in 0..2000 {
+        let waiter = {
+            let (l, o) = (locker.clone(), opts.clone());
+            tokio::spawn(async move { l.acquire_wait("parked-0", &o).await })
+        };
+        eventually("waiter registered", Duration::from_secs(10), || {
+            locker.registry_size().waiters == 1
+        })
+        .await;
+        locker.subscriptions_settled().await;
+        assert_eq!(
+            listeners(&admin, "parked-0").await,
+            1,
+            "try {i}: not subscribed"
+        );
+        waiter.abort();
+        let _ = waiter.await;
+        locker.subscriptions_settled().await;
+        assert_eq!(
+            listeners(&admin, "parked-0").await,
+            0,
+            "try {i}: still subscribed after subscriptions_settled()"
+        );
+    }
+}
+
+/// Finding 5: a wait that runs out while the subscription stands and the holder's TTL
+/// outlasts the deadline sends no attempt beyond its first two (the plain one and the
+/// queueing one): no backoff timer fires before the deadline (before the fix: 5.1-5.3 calls per
+/// trial, the 1 s-base backoff firing before a 200 ms deadline). While the key's subscription
+/// lingers after a wait (2 s), the next wait skips the plain attempt: one attempt.
+#[tokio::test]
+async fn a_wait_timeout_costs_at_most_two_attempts() {
+    let server = RedisServer::start();
+    let holder = Locker::new(server.client().await);
+    let locker = Arc::new(common::queued_locker(&server.url()).await);
+    let _held = hold_keys(&holder, "long", 1).await; // 30 s TTL
+    let opts = LockOptions::new().with_wait(Duration::from_millis(200));
+    let trials = 20;
+    let before = locker.stats().wakes;
+    for i in 0..trials {
+        let r = locker.acquire_wait("long-0", &opts).await;
+        let want = if i == 0 { 2 } else { 1 };
+        assert!(
+            matches!(r, Err(Error::WaitTimeout { attempts, .. }) if attempts == want),
+            "trial {i}: {r:?}"
+        );
+    }
+    let after = locker.stats().wakes;
+    assert_eq!(after.attempts - before.attempts, trials + 1);
+    assert_eq!(
+        after.by_timer - before.by_timer,
+        trials,
+        "one timer: the deadline"
+    );
+    locker.idle().await;
+    assert_eq!(holder.status("long-0").await.expect("status").queued, 0);
 }

@@ -12,7 +12,7 @@ use common::{now_ns, RedisServer, Seeded};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use waitlock::{Error, LockOptions, Locker, PubSubLocker};
+use waitlock::{Error, LockOptions, Locker};
 
 // ------------------------------------------------------------------ worker processes
 
@@ -131,34 +131,6 @@ fn worker(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64, ttl_ms: u6
 
 // ------------------------------------------------------------------ helpers
 
-async fn pubsub(url: &str) -> PubSubLocker {
-    Locker::queued(common::client_for(url).await)
-        .await
-        .expect("pubsub locker")
-}
-
-/// Waits until `key`'s Redis queue holds `n` waiters.
-async fn queued(locker: &Locker, key: &str, n: usize) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = locker.status(key).await.map_err(|e| e.to_string())?;
-        if s.queued == n {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "queue of {key:?} holds {} waiters, not {n}",
-                s.queued
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
-
 // ------------------------------------------------------------------ scenarios
 
 /// Waiters enqueued one by one, in turn from three processes, acquire in that order.
@@ -178,7 +150,7 @@ async fn fifo_across_three_processes(url: &str) -> Result<String, String> {
     let n = 12;
     for i in 0..n {
         procs[i % 3].send(&format!("wait {i}"));
-        queued(&locker, key, i + 1).await?;
+        common::lock_queued(&locker, key, i + 1).await?;
     }
     g.release().await.map_err(|e| e.to_string())?;
     let mut acquired = Vec::new();
@@ -215,9 +187,9 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     for i in 0..n {
         doomed.send(&format!("wait {i}"));
     }
-    queued(&locker, &key, n).await?;
+    common::lock_queued(&locker, &key, n).await?;
     survivor.send("wait survivor");
-    queued(&locker, &key, n + 1).await?;
+    common::lock_queued(&locker, &key, n + 1).await?;
     doomed.kill();
     // The bound is for a process whose death Redis has seen: its subscriber connection
     // closed, so nobody listens on its grant channel. Killing the process only starts that:
@@ -235,10 +207,10 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = ms(field(&l, 2).saturating_sub(released));
+    let after = common::ms(field(&l, 2).saturating_sub(released));
     survivor.send("stop");
     survivor.expect("done", Duration::from_secs(10)).await?;
-    queued(&locker, &key, 0).await?;
+    common::lock_queued(&locker, &key, 0).await?;
     if after > 250.0 {
         return Err(format!(
             "survivor held the lock {after:.1} ms after the release"
@@ -269,10 +241,10 @@ async fn a_waiter_taking_the_free_lock_chooses_the_watchers(url: &str) -> Result
         .map_err(|e| e.to_string())?;
     std::mem::forget(crashed);
     a.send("wait a");
-    queued(&holder, key, 1).await?;
+    common::lock_queued(&holder, key, 1).await?;
     b.send("wait b");
-    queued(&holder, key, 2).await?;
-    let c_locker = pubsub(url).await;
+    common::lock_queued(&holder, key, 2).await?;
+    let c_locker = common::queued_locker(url).await;
     let c = tokio::spawn(async move {
         let r = c_locker
             .acquire_wait(
@@ -284,7 +256,7 @@ async fn a_waiter_taking_the_free_lock_chooses_the_watchers(url: &str) -> Result
             .await;
         (now_ns(), r.map(|g| g.fence()))
     });
-    queued(&holder, key, 3).await?;
+    common::lock_queued(&holder, key, 3).await?;
     b.signal("-STOP");
     a.expect("ACQ", Duration::from_secs(10)).await?;
     a.kill();
@@ -292,7 +264,7 @@ async fn a_waiter_taking_the_free_lock_chooses_the_watchers(url: &str) -> Result
     let (at, got) = c.await.map_err(|e| e.to_string())?;
     b.signal("-CONT");
     got.map_err(|e| format!("C did not get the lock after A died: {e}"))?;
-    let after = ms(at.saturating_sub(killed));
+    let after = common::ms(at.saturating_sub(killed));
     // A's lease (2 s from its grant) and B's short grant (the claim window), plus slack.
     let bound = 2000.0 + 500.0 + 1500.0;
     if after > bound {
@@ -321,8 +293,8 @@ async fn a_record_in_redis_future_is_not_fresh(url: &str) -> Result<String, Stri
     let mut frozen = worker("waiters", url, key, 1, 0, 5000);
     frozen.expect("ready", Duration::from_secs(20)).await?;
     frozen.send("wait f");
-    queued(&holder, key, 1).await?;
-    let live_locker = pubsub(url).await;
+    common::lock_queued(&holder, key, 1).await?;
+    let live_locker = common::queued_locker(url).await;
     let live = tokio::spawn(async move {
         let r = live_locker
             .acquire_wait(
@@ -334,7 +306,7 @@ async fn a_record_in_redis_future_is_not_fresh(url: &str) -> Result<String, Stri
             .await;
         (now_ns(), r.map(|g| g.fence()))
     });
-    queued(&holder, key, 2).await?;
+    common::lock_queued(&holder, key, 2).await?;
     frozen.signal("-STOP");
     // The frozen process's record, as if written ten minutes ahead of Redis' clock now.
     let members: Vec<String> = common::cmd(
@@ -368,7 +340,7 @@ async fn a_record_in_redis_future_is_not_fresh(url: &str) -> Result<String, Stri
     let (at, got) = live.await.map_err(|e| e.to_string())?;
     frozen.signal("-CONT");
     got.map_err(|e| format!("the live waiter did not get the lock: {e}"))?;
-    let after = ms(at.saturating_sub(released));
+    let after = common::ms(at.saturating_sub(released));
     let bound = 500.0 + 1000.0;
     if after > bound {
         return Err(format!(
@@ -426,7 +398,7 @@ async fn a_wait_longer_than_the_retention_keeps_its_queue(url: &str) -> Result<S
                 Err(e) => Err(e.to_string()),
             }
         }));
-        queued(&holder, key, i + 1).await?;
+        common::lock_queued(&holder, key, i + 1).await?;
     }
     // Longer than the retention since the last waiter queued: the scenario.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -438,7 +410,7 @@ async fn a_wait_longer_than_the_retention_keeps_its_queue(url: &str) -> Result<S
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("waiter {i}: {e}"))?;
-        after.push(ms(at.saturating_sub(released)));
+        after.push(common::ms(at.saturating_sub(released)));
     }
     if after.iter().any(|&a| a > 1000.0) {
         return Err(format!(
@@ -506,15 +478,15 @@ async fn frozen_before_release(
     live.expect("ready", Duration::from_secs(20)).await?;
     frozen.send("wait f0");
     frozen.send("wait f1");
-    queued(&locker, key, 2).await?;
+    common::lock_queued(&locker, key, 2).await?;
     live.send("wait live");
-    queued(&locker, key, 3).await?;
+    common::lock_queued(&locker, key, 3).await?;
     frozen.signal("-STOP");
     tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = live.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = ms(field(&l, 2).saturating_sub(released));
+    let after = common::ms(field(&l, 2).saturating_sub(released));
     frozen.signal("-CONT");
     // The resumed process finds its waiters skipped, queues them again and is served.
     frozen.expect("ACQ", Duration::from_secs(10)).await?;
@@ -575,14 +547,14 @@ async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, 
         .collect();
     let mut gaps: Vec<f64> = live
         .windows(2)
-        .map(|w| ms(w[1].0.saturating_sub(w[0].1)))
+        .map(|w| common::ms(w[1].0.saturating_sub(w[0].1)))
         .collect();
     gaps.sort_by(f64::total_cmp);
     let p50 = gaps.get(gaps.len() / 2).copied().unwrap_or(f64::MAX);
     let first_after = all
         .iter()
         .filter(|a| a.2 == 0 && a.0 >= frozen_at)
-        .map(|a| ms(a.0 - frozen_at))
+        .map(|a| common::ms(a.0 - frozen_at))
         .nth(5)
         .unwrap_or(f64::MAX);
     if live.len() < 100 || p50 > 3.0 {
@@ -601,7 +573,7 @@ async fn frozen_processes_do_not_slow_the_live_one(url: &str) -> Result<String, 
 /// and a polling waiter do not take it; the queued waiter does. Nobody overlaps.
 async fn others_do_not_jump_the_queue(url: &str) -> Result<String, String> {
     let admin = common::client_for(url).await;
-    let pubsub = pubsub(url).await;
+    let pubsub = common::queued_locker(url).await;
     let poller = Locker::new(common::client_for(url).await);
     let key = "no-jumping";
     // A holder that crashes: its lock expires by its TTL, nobody releases it.
@@ -620,7 +592,7 @@ async fn others_do_not_jump_the_queue(url: &str) -> Result<String, String> {
                 .await
         })
     };
-    queued(&poller, key, 1).await?;
+    common::lock_queued(&poller, key, 1).await?;
     // Until the waiter holds it, every other caller is refused.
     let mut refused = 0;
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -688,7 +660,7 @@ async fn others_do_not_jump_the_queue(url: &str) -> Result<String, String> {
 async fn grant_race_hunt(url: &str) -> Result<String, String> {
     let admin = common::client_for(url).await;
     let holder = Locker::new(common::client_for(url).await);
-    let pubsub = pubsub(url).await;
+    let pubsub = common::queued_locker(url).await;
     let opts = LockOptions::new().with_wait(Duration::from_secs(5));
     let mut rng = Seeded::new(0x9e37_79b9_7f4a_7c15);
     let rounds = 1500;
@@ -712,7 +684,7 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("round {i}: {e}"))?;
-        worst = worst.max(ms(held.saturating_sub(released)));
+        worst = worst.max(common::ms(held.saturating_sub(released)));
         wg.release().await.map_err(|e| format!("round {i}: {e}"))?;
         by_grant = pubsub.stats().wakes.by_notification;
     }
@@ -773,8 +745,8 @@ async fn grant_race_hunt(url: &str) -> Result<String, String> {
 /// the message) gives the lock back: the next waiter holds it at once.
 async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
     let holder = Locker::new(common::client_for(url).await);
-    let a = pubsub(url).await;
-    let b = pubsub(url).await;
+    let a = common::queued_locker(url).await;
+    let b = common::queued_locker(url).await;
     let opts = LockOptions::new().with_wait(Duration::from_secs(5));
     let mut worst = 0.0f64;
     let rounds = 200;
@@ -788,12 +760,12 @@ async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
             let (l, k, o) = (a.clone(), key.clone(), opts.clone());
             tokio::spawn(async move { l.acquire_wait(&k, &o).await })
         };
-        queued(&holder, &key, 1).await?;
+        common::lock_queued(&holder, &key, 1).await?;
         let second = {
             let (l, k, o) = (b.clone(), key.clone(), opts.clone());
             tokio::spawn(async move { l.acquire_wait(&k, &o).await.map(|g| (now_ns(), g)) })
         };
-        queued(&holder, &key, 2).await?;
+        common::lock_queued(&holder, &key, 2).await?;
         g.release().await.map_err(|e| e.to_string())?; // the grant to `first` is published
         first.abort();
         let aborted = now_ns();
@@ -804,7 +776,7 @@ async fn cancelled_after_the_grant(url: &str) -> Result<String, String> {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("round {i}: {e}"))?;
-        worst = worst.max(ms(held.saturating_sub(aborted)));
+        worst = worst.max(common::ms(held.saturating_sub(aborted)));
         g2.release().await.map_err(|e| e.to_string())?;
     }
     a.idle().await;
@@ -882,5 +854,5 @@ fn main() -> std::process::ExitCode {
         cancelled_after_the_grant(&url),
     );
     drop(server);
-    r.finish("queue")
+    r.finish("lock_queue_processes")
 }

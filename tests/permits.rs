@@ -12,24 +12,16 @@
 
 mod common;
 
-use common::{cmd, RedisServer};
+use common::{
+    cmd, permit_key, permit_queue_key, permit_state_key, permits_queued, queued_locker, RedisServer,
+};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::fred::prelude::*;
-use waitlock::{Error, LockGuard, LockOptions, Locker, PubSubLocker, Semaphore, MAX_PERMITS};
-
-async fn queued(url: &str) -> PubSubLocker {
-    Locker::connect(url)
-        .await
-        .expect("connect")
-        .queued()
-        .build()
-        .await
-        .expect("queued locker")
-}
+use waitlock::{Error, LockGuard, LockOptions, Locker, MAX_PERMITS};
 
 fn opts(ttl_ms: u64, wait_ms: u64) -> LockOptions {
     LockOptions::new()
@@ -37,20 +29,9 @@ fn opts(ttl_ms: u64, wait_ms: u64) -> LockOptions {
         .with_wait(Duration::from_millis(wait_ms))
 }
 
-/// Waits until `key`'s queue holds `n` waiters.
-async fn until_queued<S: waitlock::strategy::Strategy>(sem: &Semaphore<S>, key: &str, n: usize) {
-    let start = Instant::now();
-    loop {
-        let st = sem.status(key).await.expect("status");
-        if st.queued == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "queue of {key} never reached {n}: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// ZRANGE's arguments for every member of `key` with its score.
+fn zrange(key: &str) -> Vec<Value> {
+    vec![key.into(), 0.into(), (-1).into(), "WITHSCORES".into()]
 }
 
 /// Guards whose validity has not passed, by token: (valid until, weight).
@@ -114,7 +95,7 @@ impl Contention {
         let count = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for p in 0..procs {
-            let sem = queued(url).await.semaphore(n).unwrap();
+            let sem = queued_locker(url).await.semaphore(n).unwrap();
             for t in 0..per {
                 let (sem, ledger, stop, count) =
                     (sem.clone(), ledger.clone(), stop.clone(), count.clone());
@@ -160,7 +141,10 @@ impl Contention {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
     let server = RedisServer::start();
-    let (a, b) = (queued(&server.url()).await, queued(&server.url()).await);
+    let (a, b) = (
+        queued_locker(&server.url()).await,
+        queued_locker(&server.url()).await,
+    );
     let sa = a.semaphore(3).unwrap();
     let sb = b.semaphore(3).unwrap();
     let key = "fifo";
@@ -173,7 +157,7 @@ async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
         let sb = sb.clone();
         async move { sb.acquire_wait(key, 3, &opts(10_000, 20_000)).await }
     });
-    until_queued(&sa, key, 1).await;
+    permits_queued(&sa, key, 1).await.expect("queued");
     let order = Arc::new(Mutex::new(Vec::new()));
     // Queued in the order 1, 2: granted in that order (by one release, so their fences say it).
     let mut light = Vec::new();
@@ -184,7 +168,9 @@ async fn a_heavy_head_is_not_passed_and_one_release_grants_several() {
             order.lock().unwrap().push(i);
             Ok::<_, Error>(g)
         }));
-        until_queued(&sa, key, 1 + i as usize).await;
+        permits_queued(&sa, key, 1 + i as usize)
+            .await
+            .expect("queued");
     }
     // A one-shot attempt does not jump the queue either, though a permit would fit.
     assert!(matches!(
@@ -264,7 +250,7 @@ async fn a_crashed_holders_permits_come_back_at_lease_end() {
         .expect("take both");
     std::mem::forget(g);
     crashed.client().quit().await.unwrap();
-    let waiter = queued(&server.url()).await.semaphore(2).unwrap();
+    let waiter = queued_locker(&server.url()).await.semaphore(2).unwrap();
     let got = waiter
         .acquire_wait("crash", 1, &opts(5_000, 10_000))
         .await
@@ -297,7 +283,7 @@ async fn a_frozen_holder_loses_its_permit_and_knows() {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let locker = queued(&url).await;
+            let locker = queued_locker(&url).await;
             let sem = locker.semaphore(1).unwrap();
             let mut g = sem.acquire("frozen", 1, &opts(600, 0)).await.unwrap();
             let lost = g.keep_alive();
@@ -311,7 +297,7 @@ async fn a_frozen_holder_loses_its_permit_and_knows() {
         })
     });
     rx.await.unwrap();
-    let sem = queued(&server.url()).await.semaphore(1).unwrap();
+    let sem = queued_locker(&server.url()).await.semaphore(1).unwrap();
     let g = sem
         .acquire_wait("frozen", 1, &opts(5_000, 10_000))
         .await
@@ -330,7 +316,7 @@ async fn a_frozen_holder_loses_its_permit_and_knows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_release_frees_nothing_else() {
     let server = RedisServer::start();
-    let locker = queued(&server.url()).await;
+    let locker = queued_locker(&server.url()).await;
     let sem = locker.semaphore(2).unwrap();
     let a = sem.acquire("rel", 1, &opts(10_000, 0)).await.unwrap();
     let b = sem.acquire("rel", 1, &opts(10_000, 0)).await.unwrap();
@@ -357,10 +343,10 @@ async fn a_repeated_release_frees_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let server = RedisServer::start();
-    let locker = queued(&server.url()).await;
+    let locker = queued_locker(&server.url()).await;
     assert!(matches!(
         locker.semaphore(0),
-        Err(Error::InvalidOptions {
+        Err(Error::InvalidSetting {
             field: "permits",
             ..
         })
@@ -385,8 +371,8 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
     let dbsize = || async { cmd::<i64>(&admin, "DBSIZE", vec![]).await };
     assert_eq!(dbsize().await, 0, "bad input wrote something");
     let held = sem.acquire("bad", 2, &opts(10_000, 0)).await.unwrap();
-    let before: Vec<Value> = cmd(&admin, "ZRANGE {waitlock:bad}:s 0 -1 WITHSCORES", vec![]).await;
-    let state: Value = cmd(&admin, "GET {waitlock:bad}:s:fence", vec![]).await;
+    let before: Vec<Value> = cmd(&admin, "ZRANGE", zrange(&permit_key("bad"))).await;
+    let state: Value = cmd(&admin, "GET", vec![permit_state_key("bad").into()]).await;
     let other = locker.semaphore(4).unwrap();
     match other.acquire_wait("bad", 1, &opts(1_000, 500)).await {
         Err(Error::PermitsMismatch {
@@ -396,11 +382,11 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
         }) => assert_eq!(key, "bad"),
         other => panic!("expected PermitsMismatch, got {other:?}"),
     }
-    let after: Vec<Value> = cmd(&admin, "ZRANGE {waitlock:bad}:s 0 -1 WITHSCORES", vec![]).await;
+    let after: Vec<Value> = cmd(&admin, "ZRANGE", zrange(&permit_key("bad"))).await;
     assert_eq!(before, after);
     assert_eq!(
         state,
-        cmd::<Value>(&admin, "GET {waitlock:bad}:s:fence", vec![]).await
+        cmd::<Value>(&admin, "GET", vec![permit_state_key("bad").into()]).await
     );
     held.release().await.unwrap();
     // Nobody holds or waits: the key may have another number of permits now.
@@ -416,7 +402,10 @@ async fn bad_input_is_a_typed_error_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rw_lock_is_fifo_and_batches_readers() {
     let server = RedisServer::start();
-    let (a, b) = (queued(&server.url()).await, queued(&server.url()).await);
+    let (a, b) = (
+        queued_locker(&server.url()).await,
+        queued_locker(&server.url()).await,
+    );
     let (ra, rb) = (a.rw_lock(), b.rw_lock());
     let key = "doc";
     // A read-write lock's keys are those of a semaphore of MAX_PERMITS.
@@ -427,13 +416,13 @@ async fn rw_lock_is_fifo_and_batches_readers() {
         let rb = rb.clone();
         async move { rb.write_wait(key, &opts(10_000, 20_000)).await }
     });
-    until_queued(&probe, key, 1).await;
+    permits_queued(&probe, key, 1).await.expect("queued");
     let mut late = Vec::new();
     for (i, rw) in [ra.clone(), rb.clone(), ra.clone()].into_iter().enumerate() {
         late.push(tokio::spawn(async move {
             rw.read_wait(key, &opts(10_000, 20_000)).await
         }));
-        until_queued(&probe, key, 2 + i).await;
+        permits_queued(&probe, key, 2 + i).await.expect("queued");
     }
     assert!(matches!(
         ra.read(key, &opts(10_000, 0)).await,
@@ -476,7 +465,7 @@ async fn rw_lock_writers_progress_among_readers() {
     let reads = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let rw = queued(&server.url()).await.rw_lock();
+        let rw = queued_locker(&server.url()).await.rw_lock();
         for t in 0..10u32 {
             let (rw, ledger, stop, writes, reads) = (
                 rw.clone(),
@@ -523,7 +512,10 @@ async fn rw_lock_writers_progress_among_readers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancellation_sweep_leaves_nothing() {
     let server = RedisServer::start();
-    let lockers = [queued(&server.url()).await, queued(&server.url()).await];
+    let lockers = [
+        queued_locker(&server.url()).await,
+        queued_locker(&server.url()).await,
+    ];
     let sems: Vec<_> = lockers.iter().map(|l| l.semaphore(3).unwrap()).collect();
     let mut seed = common::Seeded::new(common::now_ns());
     let holder = sems[0].acquire("sweep", 3, &opts(10_000, 0)).await.unwrap();
@@ -562,11 +554,7 @@ async fn a_cancellation_sweep_leaves_nothing() {
     }
     let admin = server.client().await;
     let keys: Vec<String> = cmd(&admin, "KEYS *", vec![]).await;
-    assert_eq!(
-        keys,
-        vec!["{waitlock:sweep}:s:fence".to_owned()],
-        "left behind"
-    );
+    assert_eq!(keys, vec![permit_state_key("sweep")], "left behind");
     let g = sems[1]
         .acquire("sweep", 3, &opts(10_000, 0))
         .await
@@ -651,7 +639,10 @@ async fn a_polling_semaphore_counts_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_timeout_ends_at_the_deadline_and_leaves_the_queue() {
     let server = RedisServer::start();
-    let (a, b) = (queued(&server.url()).await, queued(&server.url()).await);
+    let (a, b) = (
+        queued_locker(&server.url()).await,
+        queued_locker(&server.url()).await,
+    );
     let (sa, sb) = (a.semaphore(2).unwrap(), b.semaphore(2).unwrap());
     let held = sa.acquire("timeout", 2, &opts(10_000, 0)).await.unwrap();
     let start = Instant::now();
@@ -682,7 +673,7 @@ async fn a_wait_timeout_ends_at_the_deadline_and_leaves_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_waiters_do_not_pin_the_number_of_permits() {
     let server = RedisServer::start();
-    let locker = queued(&server.url()).await;
+    let locker = queued_locker(&server.url()).await;
     let three = locker.semaphore(3).unwrap();
     three
         .acquire("pin", 3, &opts(10_000, 0))
@@ -697,7 +688,7 @@ async fn dead_waiters_do_not_pin_the_number_of_permits() {
         &admin,
         "ZADD",
         vec![
-            "{waitlock:pin}:s:q".into(),
+            permit_queue_key("pin").into(),
             "1".into(),
             "0123456789ab 10000 w1:0123456789ab/x".into(),
         ],
@@ -713,7 +704,7 @@ async fn dead_waiters_do_not_pin_the_number_of_permits() {
         let four = four.clone();
         async move { four.acquire_wait("pin", 1, &opts(10_000, 20_000)).await }
     });
-    until_queued(&four, "pin", 1).await;
+    permits_queued(&four, "pin", 1).await.expect("queued");
     assert!(matches!(
         three.acquire("pin", 1, &opts(10_000, 0)).await,
         Err(Error::PermitsMismatch {
@@ -742,7 +733,8 @@ async fn a_permit_lease_keeps_its_length_on_a_node_whose_clock_is_ahead() {
         .acquire("moved", 1, &opts(2000, 0))
         .await
         .expect("a holds");
-    let holders = "{waitlock:moved}:s";
+    let holders = permit_key("moved");
+    let holders = holders.as_str();
     let before: i64 = cmd(&admin, "PTTL", vec![holders.into()]).await;
     let leases: Vec<String> = cmd(
         &admin,
@@ -769,17 +761,6 @@ async fn a_permit_lease_keeps_its_length_on_a_node_whose_clock_is_ahead() {
         after <= before && after > 0,
         "the key's TTL moved: {before} -> {after}"
     );
-    let gb = loop {
-        match b.acquire("moved", 1, &opts(2000, 0)).await {
-            Ok(g) => break g,
-            Err(Error::Locked { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
-            Err(e) => panic!("b: {e}"),
-        }
-    };
-    assert!(
-        ga.valid_until() <= Instant::now(),
-        "two valid holders of one permit: a's guard says valid for {:?} more",
-        ga.valid_until().saturating_duration_since(Instant::now())
-    );
+    let gb = common::take_over_permit(&b, "moved", &opts(2000, 0), &ga).await;
     gb.release().await.expect("b releases");
 }

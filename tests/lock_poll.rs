@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{fence_key, lock_key, tight, RedisServer};
+use common::{fence_key, hold_keys, lock_key, tight, RedisServer};
 use std::sync::Arc;
 use std::time::Duration;
 use waitlock::fred::prelude::*;
@@ -502,4 +502,34 @@ async fn a_server_that_evicts_is_refused_at_connect() {
     let _builder = Locker::connect(&ok.url())
         .await
         .expect("noeviction connects");
+}
+
+/// Finding 2: thousands of `Locker` waiters whose wait runs out against a healthy Redis get
+/// `WaitTimeout`, never `Timeout` (before the fix: up to 1,943 of 3,000 got a `Timeout` of the
+/// 5 ms last-attempt grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_redis_gives_wait_timeout_at_the_deadline() {
+    let server = RedisServer::start();
+    let locker = Locker::new(server.client().await);
+    let _held = hold_keys(&locker, "busy", 1).await;
+    let opts = LockOptions::new().with_wait(Duration::from_millis(200));
+    let tasks: Vec<_> = (0..3000)
+        .map(|_| {
+            let (l, o) = (locker.clone(), opts.clone());
+            tokio::spawn(async move { l.acquire_wait("busy-0", &o).await })
+        })
+        .collect();
+    let mut other = Vec::new();
+    for t in tasks {
+        match t.await.expect("task") {
+            Err(Error::WaitTimeout { .. }) => {}
+            r => other.push(format!("{r:?}")),
+        }
+    }
+    assert!(
+        other.is_empty(),
+        "{} of 3000 did not end with WaitTimeout, e.g. {:?}",
+        other.len(),
+        other.first()
+    );
 }
