@@ -1,5 +1,5 @@
 //! Contention benchmark: handoff latency, Redis load per acquisition, fairness, wait-timeout
-//! precision and memory at scale, for `Locker` (default and tight backoff) and `PubSubLocker`.
+//! precision and memory at scale, for `Locker` (default and tight backoff) and `Locker<Queue>`.
 //!
 //! `cargo bench --bench contention` (full) or `cargo bench --bench contention -- --quick`.
 //! Uses a private `redis-server` unless `REDIS_URL` is set. Worker processes are copies of
@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use waitlock::fred::prelude::*;
 use waitlock::strategy::Strategy;
-use waitlock::{Backoff, LockOptions, Locker, PubSubLocker};
+use waitlock::{Backoff, LockOptions, Locker, Queue};
 
 /// Counts live heap bytes, so the scale workload can report what waiters hold now rather than
 /// the allocator's high-water mark that RSS shows.
@@ -68,8 +68,8 @@ fn stats_line<S: Strategy>(locker: &Locker<S>) -> String {
 }
 
 /// The queued locker behind a generic one, if it is one.
-fn queued<S: Strategy>(locker: &Locker<S>) -> Option<&PubSubLocker> {
-    (locker as &dyn std::any::Any).downcast_ref::<PubSubLocker>()
+fn queued<S: Strategy>(locker: &Locker<S>) -> Option<&Locker<Queue>> {
+    (locker as &dyn std::any::Any).downcast_ref::<Locker<Queue>>()
 }
 
 fn options(kind: &str) -> LockOptions {
@@ -393,6 +393,26 @@ async fn info(admin: &Client, section: &'static str) -> Vec<String> {
     all
 }
 
+/// Redis' own CPU time so far, `used_cpu_sys + used_cpu_user` of `INFO cpu`, in microseconds
+/// (summed over a cluster's primaries).
+async fn redis_cpu_us(admin: &Client) -> f64 {
+    info(admin, "cpu")
+        .await
+        .iter()
+        .map(|text| {
+            text.lines()
+                .filter_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    matches!(k, "used_cpu_sys" | "used_cpu_user")
+                        .then(|| v.trim().parse::<f64>().ok())
+                        .flatten()
+                })
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        * 1e6
+}
+
 /// Calls per command (summed over a cluster's primaries).
 async fn commandstats(admin: &Client) -> HashMap<String, u64> {
     let mut stats = HashMap::new();
@@ -415,6 +435,10 @@ struct Run {
     records: Vec<String>,
     calls: u64,
     commands: u64,
+    /// Redis' CPU time during the run (µs, `INFO cpu`).
+    redis_cpu_us: f64,
+    /// Calls by command name during the run (client calls and commands run inside scripts).
+    by_command: Vec<(String, u64)>,
     wall: Duration,
     stats: (u64, u64, u64),
 }
@@ -488,19 +512,29 @@ async fn run_config(
             .expect("worker did not start");
     }
     let before = commandstats(admin).await;
+    let cpu_before = redis_cpu_us(admin).await;
     let start = std::time::Instant::now();
     for w in workers.iter_mut() {
         w.send("go");
     }
     let (records, stats) = collect(workers).await;
     let wall = start.elapsed();
+    let redis_cpu = redis_cpu_us(admin).await - cpu_before;
     let after = commandstats(admin).await;
     let calls = delta(&before, &after, &CLIENT_CMDS);
     let commands = calls + delta(&before, &after, &LUA_CMDS);
+    let mut by_command: Vec<(String, u64)> = after
+        .iter()
+        .map(|(name, n)| (name.clone(), n - before.get(name).unwrap_or(&0)))
+        .filter(|(name, n)| *n > 0 && !name.starts_with("info") && name != "cluster|nodes")
+        .collect();
+    by_command.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Run {
         records,
         calls,
         commands,
+        redis_cpu_us: redis_cpu,
+        by_command,
         wall,
         stats,
     }
@@ -638,6 +672,18 @@ fn handoff_figures(r: &mut Report, run: &Run) {
     r.n("calls_per_acq", run.calls as f64 / n.max(1) as f64);
     r.n("cpu_us_per_acq", worker_cpu_us(run) / n.max(1) as f64);
     r.n("commands_per_acq", run.commands as f64 / n.max(1) as f64);
+    r.n("redis_cpu_us_per_acq", run.redis_cpu_us / n.max(1) as f64);
+    if std::env::var("BENCH_BY_COMMAND").is_ok() {
+        let per: Vec<String> = run
+            .by_command
+            .iter()
+            .map(|(c, k)| format!("{c} {:.2}", *k as f64 / n.max(1) as f64))
+            .collect();
+        println!(
+            "# commands per acquisition (the next line's run): {}",
+            per.join(", ")
+        );
+    }
     let min = per_worker.values().min().copied().unwrap_or(0);
     let max = per_worker.values().max().copied().unwrap_or(1);
     r.n("fair_min", min as f64);
@@ -683,8 +729,9 @@ fn redis_benchmark(port: u16, requests: usize, command: &[&str]) -> Option<f64> 
     row.split(',').nth(1)?.trim_matches('"').parse().ok()
 }
 
-/// What Redis does with the crate's own acquire and release scripts: (acquires/s, releases/s).
-async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
+/// What Redis does with the crate's own acquire and release scripts: (acquires/s, releases/s,
+/// Redis CPU µs per acquire + release).
+async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64, f64)> {
     let port = port?;
     let acquire = script_load(admin, waitlock::scripts::ACQUIRE).await?;
     let release = script_load(admin, waitlock::scripts::RELEASE).await?;
@@ -716,18 +763,25 @@ async fn ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         redis_benchmark(port, requests, &args)
     };
-    Some((run(&acquire)?, run(&release)?))
+    let cpu = redis_cpu_us(admin).await;
+    let (a, r) = (run(&acquire)?, run(&release)?);
+    Some((a, r, (redis_cpu_us(admin).await - cpu) / requests as f64))
 }
 
 /// The same measure for a peer-shaped lock without fence or queue (rslock's pair): a plain
 /// `SET NX PX` and a three-line release script.
-async fn plain_ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Option<(f64, f64)> {
+async fn plain_ceiling(
+    admin: &Client,
+    port: Option<u16>,
+    requests: usize,
+) -> Option<(f64, f64, f64)> {
     let port = port?;
     let release = script_load(
         admin,
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
     )
     .await?;
+    let cpu = redis_cpu_us(admin).await;
     let a = redis_benchmark(
         port,
         requests,
@@ -738,7 +792,7 @@ async fn plain_ceiling(admin: &Client, port: Option<u16>, requests: usize) -> Op
         requests,
         &["EVALSHA", &release, "1", "{p:__rand_int__}", "tok"],
     )?;
-    Some((a, r))
+    Some((a, r, (redis_cpu_us(admin).await - cpu) / requests as f64))
 }
 
 /// `--only WORKLOAD` and `--locker KIND` select configurations (for profiling one of them).
@@ -802,6 +856,18 @@ async fn coordinator(quick: bool) {
             r.n("calls_per_pair", run.calls as f64 / pairs as f64);
             r.n("cpu_us_per_pair", worker_cpu_us(&run) / pairs as f64);
             r.n("commands_per_pair", run.commands as f64 / pairs as f64);
+            r.n("redis_cpu_us_per_pair", run.redis_cpu_us / pairs as f64);
+            if std::env::var("BENCH_BY_COMMAND").is_ok() {
+                let per: Vec<String> = run
+                    .by_command
+                    .iter()
+                    .map(|(c, k)| format!("{c} {:.2}", *k as f64 / pairs as f64))
+                    .collect();
+                println!(
+                    "# {kind} uncontended x{tasks} commands per pair: {}",
+                    per.join(", ")
+                );
+            }
             emit(r);
         }
     }
@@ -816,10 +882,11 @@ async fn coordinator(quick: bool) {
             ),
         ];
         for (name, rps) in ceilings {
-            if let Some((a, rel)) = rps {
+            if let Some((a, rel, cpu)) = rps {
                 let mut r = Report::new(name, "ceiling", 16, 1);
                 r.n("acquire_rps", a);
                 r.n("release_rps", rel);
+                r.n("redis_cpu_us_per_pair", cpu);
                 r.n("pairs_per_s", 1.0 / (1.0 / a + 1.0 / rel));
                 emit(r);
             }
@@ -841,7 +908,7 @@ async fn coordinator(quick: bool) {
             Err(_) => vec![(8, 4), (64, 4)],
         };
         for (workers, procs) in shapes {
-            // About 2,000 acquisitions at PubSubLocker's rate (about 370/s here); 400 in quick mode.
+            // About 2,000 acquisitions at Locker<Queue>'s rate (about 370/s here); 400 in quick mode.
             let duration = Duration::from_millis(if quick { 1100 } else { 5500 });
             let run = run_config(
                 &admin,

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 use waitlock::fred::prelude::*;
-use waitlock::{LockOptions, Locker, PubSubLocker};
+use waitlock::{LockOptions, Locker, Queue};
 
 const N: usize = 1000;
 
@@ -24,7 +24,7 @@ fn summary(mut v: Vec<f64>) -> String {
 /// Times `N` handoffs: the key is held, one waiter is queued, the holder (after `idle`)
 /// releases; the time runs from the release call to the moment the waiter holds the lock.
 /// Also returns the attempts and grant deliveries the waiters needed between release and hold.
-async fn handoffs(locker: &PubSubLocker, tag: &str, idle: Duration) -> (Vec<f64>, u64, u64) {
+async fn handoffs(locker: &Locker<Queue>, tag: &str, idle: Duration) -> (Vec<f64>, u64, u64) {
     let mut v = Vec::with_capacity(N);
     let (mut attempts, mut grants) = (0, 0);
     for i in 0..N {

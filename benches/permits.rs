@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use waitlock::fred::prelude::*;
 use waitlock::{LockOptions, Locker, MAX_PERMITS};
 
 const PROCS: usize = 4;
@@ -30,15 +29,6 @@ const HOLD: Duration = Duration::from_millis(1);
 #[derive(Default)]
 struct Log {
     events: Vec<(Instant, bool)>,
-}
-
-async fn script_calls(admin: &Client) -> u64 {
-    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    let calls = common::command_calls(&info);
-    ["evalsha", "eval"]
-        .iter()
-        .filter_map(|c| calls.get(*c))
-        .sum()
 }
 
 async fn row(server: &RedisServer, name: &str, rw: bool, secs: u64) {
@@ -89,13 +79,13 @@ async fn row(server: &RedisServer, name: &str, rw: bool, secs: u64) {
     let admin = server.client().await;
     // Warm up, then measure.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let calls0 = script_calls(&admin).await;
+    let calls0 = common::script_calls(&admin).await;
     let cpu0 = common::cpu_us();
     let start = Instant::now();
     log.lock().unwrap().events.clear();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let elapsed = start.elapsed().as_secs_f64();
-    let calls = script_calls(&admin).await - calls0;
+    let calls = common::script_calls(&admin).await - calls0;
     let cpu = (common::cpu_us() - cpu0) as f64 / 1e6;
     let events = std::mem::take(&mut log.lock().unwrap().events);
     stop.store(true, Ordering::Relaxed);

@@ -1,4 +1,4 @@
-//! Several workers contend for one key through a `PubSubLocker` and say what happened.
+//! Several workers contend for one key through a `Locker<Queue>` and say what happened.
 //!
 //! Run: `cargo run --example demo` (Redis at `$REDIS_URL`, default `redis://127.0.0.1:6379`;
 //! when nothing answers there and `redis-server` is installed, a private one is started).

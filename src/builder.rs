@@ -2,15 +2,23 @@
 
 use crate::error::{Error, Result};
 use crate::keys::check_prefix;
-use crate::locker::{
-    Locker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX, DEFAULT_PRESENCE_WINDOW,
-    DEFAULT_RETENTION,
-};
+use crate::locker::Locker;
 use crate::redis::{Backend, Engine, Settings};
 use crate::strategy::{Poll, Queue};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The default time limit of one Redis call made by this crate.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "waitlock:";
+/// The default claim window: the lease of a short grant (see [`LockerBuilder::claim_window`]).
+pub const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_millis(500);
+/// The default presence window (see [`LockerBuilder::presence_window`]).
+pub const DEFAULT_PRESENCE_WINDOW: Duration = Duration::from_millis(100);
+/// The default retention (see [`LockerBuilder::retention`]).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
 
 /// Builds a [`Locker`]: polling (`S` = [`Poll`], what [`Locker::builder`] and
 /// [`Locker::connect`] give), or queued in Redis after [`queued`](LockerBuilder::queued)
@@ -146,11 +154,8 @@ impl<S> LockerBuilder<S> {
     fn engine(self) -> Result<Engine> {
         let s = &self.settings;
         check_prefix(&s.prefix)?;
-        let bad = |field, value: Duration, reason| Error::InvalidOptions {
-            key: String::new(),
-            field,
-            value: format!("{value:?}"),
-            reason,
+        let bad = |field, value: Duration, reason| {
+            Error::invalid_setting(field, format!("{value:?}"), reason)
         };
         if s.command_timeout.is_zero() {
             return Err(bad(
@@ -182,12 +187,11 @@ impl<S> LockerBuilder<S> {
         }
         if let Some((n, timeout)) = s.replicas {
             if n == 0 || timeout.is_zero() {
-                return Err(Error::InvalidOptions {
-                    key: String::new(),
-                    field: "require_replicas",
-                    value: format!("({n}, {timeout:?})"),
-                    reason: "needs at least 1 replica and a non-zero timeout",
-                });
+                return Err(Error::invalid_setting(
+                    "require_replicas",
+                    format!("({n}, {timeout:?})"),
+                    "needs at least 1 replica and a non-zero timeout",
+                ));
             }
         }
         Ok(Engine::new(self.backend, self.settings))
@@ -220,15 +224,6 @@ impl LockerBuilder<Poll> {
     pub fn queued(self) -> LockerBuilder<Queue> {
         self.with()
     }
-
-    /// A locker whose waiters queue in Redis.
-    ///
-    /// # Cancel safety
-    /// As [`LockerBuilder::<Queue>::build`].
-    #[deprecated(since = "0.2.0", note = "use `.queued().build().await`")]
-    pub async fn build_pubsub(self) -> Result<Locker<Queue>> {
-        self.queued().build().await
-    }
 }
 
 impl LockerBuilder<Queue> {
@@ -243,7 +238,7 @@ impl LockerBuilder<Queue> {
     pub async fn build(self) -> Result<Locker<Queue>> {
         let engine = Arc::new(self.engine()?);
         crate::redis::sentinel::watch(&engine);
-        let hub = crate::wait::notify::start_hub(&engine).await?;
+        let hub = crate::wait::notify::hub::open(&engine).await?;
         Ok(Locker {
             engine,
             strategy: Queue { hub },

@@ -12,7 +12,7 @@ pub enum LossReason {
     /// Redis could not be reached (or did not answer) long enough that the lock's validity
     /// deadline passed before a refresh succeeded.
     Unreachable,
-    /// Refresh was off (`refresh_ratio = 0`) and the lock's validity deadline passed: the
+    /// Refresh was off ([`Refresh::Off`](crate::Refresh::Off)) and the lock's validity deadline passed: the
     /// critical section outlived the TTL.
     TtlElapsed,
     /// A refresh was not acknowledged by as many replicas as the locker requires
@@ -97,9 +97,9 @@ impl std::fmt::Display for ConnectStep {
 
 /// Everything that can go wrong in `waitlock`.
 ///
-/// Every variant about a lock names its key ([`Error::key`]); connecting has its own variant
-/// ([`Error::Connect`]), and a bad builder option (the prefix, a timeout) carries an empty
-/// key.
+/// Every variant about a lock names its key ([`Error::key`]); the two that concern no key,
+/// connecting ([`Error::Connect`]) and a locker's setting ([`Error::InvalidSetting`]: the
+/// prefix, a timeout, a TLS file), have their own.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -148,7 +148,18 @@ pub enum Error {
         /// What made the holder judge the lock lost.
         reason: LossReason,
     },
-    /// An option is out of range; nothing was sent to Redis.
+    /// A locker's setting (of its builder, of connecting, of a semaphore) is out of range;
+    /// nothing was sent to Redis and no lock is involved.
+    #[error("invalid setting: {field} = {value} ({reason})")]
+    InvalidSetting {
+        /// The setting's name (`prefix`, `command_timeout`, `tls.ca`, `permits`, ...).
+        field: &'static str,
+        /// The offending value, printed.
+        value: String,
+        /// What the setting must be.
+        reason: &'static str,
+    },
+    /// An option of one call on a lock is out of range; nothing was sent to Redis.
     #[error("invalid option for lock {key:?}: {field} = {value} ({reason})")]
     InvalidOptions {
         /// The user's key.
@@ -259,7 +270,37 @@ impl Error {
             | Error::NotReplicated { key, .. }
             | Error::PermitsMismatch { key, .. }
             | Error::Redis { key, .. } => key,
-            Error::Connect { .. } => "",
+            Error::Connect { .. } | Error::InvalidSetting { .. } => "",
+        }
+    }
+
+    /// The error for option `field` of a call on `key`: `value` (printed) is not what
+    /// `reason` says it must be.
+    pub(crate) fn invalid_option(
+        key: &str,
+        field: &'static str,
+        value: impl std::fmt::Display,
+        reason: &'static str,
+    ) -> Error {
+        Error::InvalidOptions {
+            key: key.to_owned(),
+            field,
+            value: value.to_string(),
+            reason,
+        }
+    }
+
+    /// The error for the locker's setting `field` (no key): `value` (printed) is not what
+    /// `reason` says it must be.
+    pub(crate) fn invalid_setting(
+        field: &'static str,
+        value: impl std::fmt::Display,
+        reason: &'static str,
+    ) -> Error {
+        Error::InvalidSetting {
+            field,
+            value: value.to_string(),
+            reason,
         }
     }
 

@@ -92,9 +92,9 @@ impl Names {
         }
     }
 
-    /// The channel on which grants reach the waiters of process `hub` (as the scripts build it).
-    pub(crate) fn channel(&self, hub: &str) -> String {
-        crate::redis::protocol::channel(&self.lock, hub)
+    /// The channel on which grants reach the waiters of process `pid` (as the scripts build it).
+    pub(crate) fn channel(&self, pid: &str) -> String {
+        crate::redis::protocol::channel(&self.lock, pid)
     }
 }
 
@@ -115,12 +115,11 @@ fn check_key(key: &str) -> Result<()> {
 /// A prefix must be non-empty and brace-free so the hash tag is never empty.
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     if prefix.is_empty() || prefix.contains(['{', '}']) || prefix.len() > 256 {
-        return Err(Error::InvalidOptions {
-            key: String::new(),
-            field: "prefix",
-            value: format!("{prefix:?}"),
-            reason: "must be non-empty, at most 256 bytes, without '{' or '}'",
-        });
+        return Err(Error::invalid_setting(
+            "prefix",
+            format!("{prefix:?}"),
+            "must be non-empty, at most 256 bytes, without '{' or '}'",
+        ));
     }
     Ok(())
 }

@@ -17,15 +17,15 @@ pub mod strategy;
 mod tasks;
 mod wait;
 
-pub use builder::LockerBuilder;
+pub use builder::{
+    LockerBuilder, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
+};
 pub use error::{ConnectStep, Error, LossReason, Op, Result};
 pub use hold::guard::LockGuard;
 pub use hold::run::LockContext;
-pub use locker::{
-    Locker, PubSubLocker, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
-};
-pub use options::{Backoff, LockOptions};
+pub use locker::Locker;
+pub use options::{Backoff, LockOptions, Refresh};
 pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
 #[cfg(feature = "tls-rustls")]
 pub use redis::TlsOptions;
@@ -37,7 +37,8 @@ pub use strategy::{Poll, Queue};
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).
 ///
-/// Each starts with the same prelude (protocol format 2). `KEYS` are always lock `{pk}`, fence
+/// Each starts with the same prelude, the queue layer, then the lock's or the permits' own
+/// (protocol format 3). `KEYS` are always lock `{pk}`, fence
 /// `{pk}:fence`, queue `{pk}:q`, processes `{pk}:p`; `ARGV` always token, ttl ms, retention
 /// ms, claim window ms, presence window ms, queue member (`"<process id> <ttl ms> <token>"`, or
 /// empty), process id (or empty), flag, fence (or empty). `docs/design.md` describes them.

@@ -2,7 +2,7 @@
 //! ([`crate::strategy`]); the builder is in `builder.rs`. The work happens in `wait`
 //! (waiting), `redis` (scripts) and `hold` (guards, refresh, critical sections).
 
-use crate::builder::{default_settings, LockerBuilder};
+use crate::builder::{default_settings, LockerBuilder, DEFAULT_COMMAND_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::run::{run_under, LockContext};
@@ -19,20 +19,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The default time limit of one Redis call made by this crate.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(3);
-/// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "waitlock:";
-/// The default claim window: the lease of a short grant (see [`LockerBuilder::claim_window`]).
-pub const DEFAULT_CLAIM_WINDOW: Duration = Duration::from_millis(500);
-/// The default presence window (see [`LockerBuilder::presence_window`]).
-pub const DEFAULT_PRESENCE_WINDOW: Duration = Duration::from_millis(100);
-/// The default retention (see [`LockerBuilder::retention`]).
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
-
 /// A distributed lock manager. Its waiting strategy `S` is [`Poll`] (the default: retry with
 /// jittered exponential backoff) or [`Queue`] (waiters queue in Redis, FIFO across processes,
-/// and the release hands the lock to the oldest live one; see [`PubSubLocker`]). Every method
+/// and the release hands the lock to the oldest live one: a *queued locker*, built with
+/// [`Locker::queued`] or `.queued().build().await` on a builder). Every method
 /// exists once; those about the queue's subscriber exist for `Locker<Queue>` only.
 ///
 /// Cheap to clone (an `Arc` inside); clones share the connection, the statistics and, for a
@@ -54,13 +44,6 @@ pub struct Locker<S = Poll> {
     pub(crate) engine: Arc<Engine>,
     pub(crate) strategy: S,
 }
-
-/// A locker whose waiters queue in Redis and are handed the lock by the release: the
-/// release gives the lock straight to the oldest live waiter and publishes the grant, so the
-/// waiter holds the lock when the message arrives. All waiters of all keys in the process
-/// share ONE subscriber connection (one per primary on a cluster, sharded pub/sub). Build one
-/// with [`Locker::queued`] or `Locker::builder(client).queued().build().await`.
-pub type PubSubLocker = Locker<Queue>;
 
 impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for Locker<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,18 +78,20 @@ impl Locker<Poll> {
 
     /// Connects a new client to `url` (e.g. `redis://127.0.0.1:6379`) with a reconnect policy
     /// (exponential, 10 ms to 1 s, forever) and a default command timeout, and builds a
-    /// locker builder on it. Finish with [`LockerBuilder::build`] or
-    /// [`LockerBuilder::build_pubsub`].
+    /// locker builder on it. Finish with [`LockerBuilder::build`] (a polling locker) or
+    /// `.queued().build().await` (a queued one).
     ///
     /// With the `tls-rustls` feature a `rediss://` URL connects with TLS, trusting the system's
     /// CAs; [`connect_with`](Self::connect_with) takes a private CA and a client certificate.
     /// Without it a `rediss://` URL is refused ([`Error::InvalidOptions`], field `url`), never
     /// sent in plain text.
     ///
-    /// Errors: [`Error::Redis`] (key empty) when the URL does not parse (op `parse url`) or
-    /// connecting fails (op `connect`: nothing answers, the password or the server's
-    /// certificate is refused, the server does not speak TLS); [`Error::Timeout`] (op
-    /// `connect`) when connecting takes more than 5 s. Messages never show the URL's password.
+    /// Errors: [`Error::Connect`] with step [`ConnectStep::ParseUrl`] when the URL does not
+    /// parse, [`ConnectStep::Connect`] when connecting fails (nothing answers, the password or
+    /// the server's certificate is refused, the server does not speak TLS, or it takes more
+    /// than 5 s: source kind `Timeout`), [`ConnectStep::CheckServer`] when the server cannot
+    /// hold locks (older than 7.0, or it may evict keys). Messages never show the URL's
+    /// password.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves no connection behind.
@@ -116,10 +101,10 @@ impl Locker<Poll> {
 
     /// As [`connect`](Self::connect), with a time limit of your own and, with the `tls-rustls`
     /// feature, TLS settings (`ConnectOptions::with_tls`) that the locker's client and a
-    /// [`PubSubLocker`]'s subscriber connection both use.
+    /// queued locker's subscriber connection both use.
     ///
-    /// Errors: as [`connect`](Self::connect), [`Error::Timeout`] after `opts`' time limit;
-    /// [`Error::InvalidOptions`] (key empty) for a zero time limit (field `connect_timeout`),
+    /// Errors: as [`connect`](Self::connect), [`Error::Connect`] (source kind `Timeout`) after
+    /// `opts`' time limit; [`Error::InvalidSetting`] for a zero time limit (field `connect_timeout`),
     /// TLS settings with a `redis://` URL (field `tls`), or a CA or client certificate file
     /// that cannot be read or holds no usable PEM (fields `tls.ca`, `tls.client_cert`,
     /// `tls.client_key`).
@@ -191,20 +176,8 @@ impl<S: Strategy> Locker<S> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        self.once_for(key, Request::new(&self.engine, key, opts, ""))
-            .await
-    }
-
-    /// One attempt for `req` (or its validation error), counted in the stats: a lock's or
-    /// permits' `acquire`.
-    #[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
-    pub(crate) async fn once_for(&self, key: &str, req: Result<Request>) -> Result<LockGuard> {
-        let result = match req {
-            Ok(req) => wait::once(&self.engine, &req).await,
-            Err(e) => Err(e),
-        };
-        self.engine.meter.record(key, &result, None);
-        result
+        let req = Request::new(&self.engine, key, opts, "");
+        wait::acquire(&self.engine, key, req).await
     }
 
     /// Takes the lock on `key`, waiting up to `opts.wait`.
@@ -250,47 +223,11 @@ impl<S: Strategy> Locker<S> {
     /// ```
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
         let req = Request::new(&self.engine, key, opts, self.strategy.process_id());
-        self.wait_for(key, req).await
-    }
-
-    /// Waits for `req` (or returns its validation error) as the strategy does, counted in the
-    /// stats and traced: a lock's or permits' `acquire_wait`.
-    #[tracing::instrument(
-        name = "acquire_wait",
-        level = "debug",
-        skip_all,
-        fields(
-            key = %key,
-            locker = self.engine.meter.kind(),
-            waited_ms = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            fence = tracing::field::Empty,
-        )
-    )]
-    pub(crate) async fn wait_for(&self, key: &str, req: Result<Request>) -> Result<LockGuard> {
-        let start = tokio::time::Instant::now();
-        let result = match req {
-            Ok(req) => self.strategy.wait(&self.engine, &req).await,
-            Err(e) => Err(e),
-        };
-        let waited = start.elapsed();
-        self.engine.meter.record(key, &result, Some(waited));
-        let span = tracing::Span::current();
-        span.record("waited_ms", waited.as_secs_f64() * 1e3);
-        match &result {
-            Ok(g) => {
-                span.record("outcome", "acquired");
-                span.record("fence", g.fence());
-            }
-            Err(e) => {
-                span.record("outcome", tracing::field::display(e));
-            }
-        }
-        result
+        wait::acquire_wait(&self.engine, &self.strategy, key, req).await
     }
 
     /// Runs `f` under the lock on `key`: waits for it (up to `opts.wait`), refreshes it every
-    /// `refresh_ratio × TTL` while `f` runs, releases it afterwards and returns `f`'s value.
+    /// `ratio × TTL` ([`Refresh`](crate::Refresh)) while `f` runs, releases it afterwards and returns `f`'s value.
     ///
     /// `f` gets a [`LockContext`] whose `lost` token is cancelled the moment the lock is judged
     /// lost. `run` then returns [`Error::Expired`] (refresh found the token gone, or Redis
@@ -334,7 +271,7 @@ impl<S: Strategy> Locker<S> {
     }
 
     /// What Redis holds for `key` now: held or not, the remaining TTL, the last fence, and
-    /// how many waiters are queued (pub/sub lockers' waiters; polling waiters do not queue).
+    /// how many waiters are queued (queued lockers' waiters; polling waiters do not queue).
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::WrongType`], [`Error::Timeout`] or
     /// [`Error::Redis`].
@@ -468,18 +405,6 @@ impl Locker<Queue> {
         Locker::builder(client).queued().build().await
     }
 
-    /// A polling locker sharing this locker's connection, scripts and statistics.
-    #[deprecated(
-        since = "0.2.0",
-        note = "every method is on `Locker<Queue>` itself now"
-    )]
-    pub fn locker(&self) -> Locker<Poll> {
-        Locker {
-            engine: Arc::clone(&self.engine),
-            strategy: Poll,
-        }
-    }
-
     /// How many keys and waiters the registry holds now (both 0 when nobody waits).
     pub fn registry_size(&self) -> RegistrySize {
         let (keys, waiters) = self.strategy.hub.size();
@@ -503,10 +428,11 @@ impl Locker<Queue> {
         self.strategy.hub.subscriber.id()
     }
 
-    /// This locker's id in Redis: its waiters' queue entries start with it, and their grants
-    /// arrive on `{<prefix><key>}:w:<id>`.
-    pub fn waiter_id(&self) -> &str {
-        &self.strategy.hub.id
+    /// This locker's process id in Redis (12 hex digits): its waiters' queue entries and its
+    /// holders' tokens start with it, the processes hash records it, and its grants arrive on
+    /// `{<prefix><key>}:w:<id>`.
+    pub fn process_id(&self) -> &str {
+        &self.strategy.hub.pid
     }
 
     /// Whether the server has sharded pub/sub and this locker uses it (else classic pub/sub).

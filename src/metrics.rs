@@ -7,8 +7,16 @@
 //! [`LockerBuilder::metrics_key_label`](crate::LockerBuilder::metrics_key_label).
 
 use crate::error::{Error, LossReason};
-use crate::stats::Meter;
 use std::time::Duration;
+
+/// Whom a metric is about, as plain values (`Meter::subject` makes it): the locker's kind
+/// (`poll`, `queue`), and the key when the locker opted in to the key label.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Subject<'a> {
+    pub(crate) locker: &'static str,
+    pub(crate) key: Option<&'a str>,
+}
 
 /// Every metric's name, as the README's table has it.
 pub mod names {
@@ -57,19 +65,18 @@ mod emit {
     use metrics::Label;
 
     /// The locker kind, then `extra`, then the key when the locker opted in.
-    fn labels(meter: &Meter, key: &str, extra: &[(&'static str, &'static str)]) -> Vec<Label> {
+    fn labels(s: Subject<'_>, extra: &[(&'static str, &'static str)]) -> Vec<Label> {
         let mut l = Vec::with_capacity(extra.len() + 2);
-        l.push(Label::from_static_parts("locker", meter.kind()));
+        l.push(Label::from_static_parts("locker", s.locker));
         l.extend(extra.iter().map(|(k, v)| Label::from_static_parts(k, v)));
-        if meter.key_label() && !key.is_empty() {
+        if let Some(key) = s.key {
             l.push(Label::new("key", key.to_owned()));
         }
         l
     }
 
     pub(crate) fn acquisition<T>(
-        meter: &Meter,
-        key: &str,
+        s: Subject<'_>,
         result: &Result<T, Error>,
         waited: Option<Duration>,
     ) {
@@ -79,50 +86,45 @@ mod emit {
             Err(Error::WaitTimeout { .. }) => "wait_timeout",
             Err(_) => "error",
         };
-        metrics::counter!(
-            names::ACQUISITIONS,
-            labels(meter, key, &[("outcome", outcome)])
-        )
-        .increment(1);
+        metrics::counter!(names::ACQUISITIONS, labels(s, &[("outcome", outcome)])).increment(1);
         if let (Ok(_), Some(w)) = (result, waited) {
-            metrics::histogram!(names::WAIT_SECONDS, labels(meter, key, &[])).record(w);
+            metrics::histogram!(names::WAIT_SECONDS, labels(s, &[])).record(w);
         }
     }
 
-    pub(crate) fn handoff(meter: &Meter, key: &str, by_grant: bool) {
+    pub(crate) fn handoff(s: Subject<'_>, by_grant: bool) {
         let via = if by_grant { "grant" } else { "look" };
-        metrics::counter!(names::HANDOFFS, labels(meter, key, &[("via", via)])).increment(1);
+        metrics::counter!(names::HANDOFFS, labels(s, &[("via", via)])).increment(1);
     }
 
-    pub(crate) fn lost(meter: &Meter, key: &str, reason: LossReason) {
+    pub(crate) fn lost(s: Subject<'_>, reason: LossReason) {
         let reason = match reason {
             LossReason::TokenGone => "token_gone",
             LossReason::Unreachable => "unreachable",
             LossReason::TtlElapsed => "ttl_elapsed",
             LossReason::NotReplicated => "not_replicated",
         };
-        metrics::counter!(names::LOCKS_LOST, labels(meter, key, &[("reason", reason)]))
-            .increment(1);
+        metrics::counter!(names::LOCKS_LOST, labels(s, &[("reason", reason)])).increment(1);
     }
 
-    pub(crate) fn refresh_failed(meter: &Meter, key: &str) {
-        metrics::counter!(names::REFRESH_FAILURES, labels(meter, key, &[])).increment(1);
+    pub(crate) fn refresh_failed(s: Subject<'_>) {
+        metrics::counter!(names::REFRESH_FAILURES, labels(s, &[])).increment(1);
     }
 
-    pub(crate) fn queue_depth(meter: &Meter, key: &str, depth: u64) {
-        metrics::histogram!(names::QUEUE_DEPTH, labels(meter, key, &[])).record(depth as f64);
+    pub(crate) fn queue_depth(s: Subject<'_>, depth: u64) {
+        metrics::histogram!(names::QUEUE_DEPTH, labels(s, &[])).record(depth as f64);
     }
 
-    pub(crate) fn subscriber_reconnect(meter: &Meter) {
-        metrics::counter!(names::SUBSCRIBER_RECONNECTS, labels(meter, "", &[])).increment(1);
+    pub(crate) fn subscriber_reconnect(s: Subject<'_>) {
+        metrics::counter!(names::SUBSCRIBER_RECONNECTS, labels(s, &[])).increment(1);
     }
 
-    pub(crate) fn late_release(meter: &Meter, key: &str) {
-        metrics::counter!(names::LATE_RELEASES, labels(meter, key, &[])).increment(1);
+    pub(crate) fn late_release(s: Subject<'_>) {
+        metrics::counter!(names::LATE_RELEASES, labels(s, &[])).increment(1);
     }
 
-    pub(crate) fn behind_queue(meter: &Meter, key: &str) {
-        metrics::counter!(names::BEHIND_QUEUE, labels(meter, key, &[])).increment(1);
+    pub(crate) fn behind_queue(s: Subject<'_>) {
+        metrics::counter!(names::BEHIND_QUEUE, labels(s, &[])).increment(1);
     }
 }
 
@@ -130,14 +132,14 @@ mod emit {
 mod emit {
     use super::*;
 
-    pub(crate) fn acquisition<T>(_: &Meter, _: &str, _: &Result<T, Error>, _: Option<Duration>) {}
-    pub(crate) fn handoff(_: &Meter, _: &str, _: bool) {}
-    pub(crate) fn lost(_: &Meter, _: &str, _: LossReason) {}
-    pub(crate) fn refresh_failed(_: &Meter, _: &str) {}
-    pub(crate) fn queue_depth(_: &Meter, _: &str, _: u64) {}
-    pub(crate) fn subscriber_reconnect(_: &Meter) {}
-    pub(crate) fn late_release(_: &Meter, _: &str) {}
-    pub(crate) fn behind_queue(_: &Meter, _: &str) {}
+    pub(crate) fn acquisition<T>(_: Subject<'_>, _: &Result<T, Error>, _: Option<Duration>) {}
+    pub(crate) fn handoff(_: Subject<'_>, _: bool) {}
+    pub(crate) fn lost(_: Subject<'_>, _: LossReason) {}
+    pub(crate) fn refresh_failed(_: Subject<'_>) {}
+    pub(crate) fn queue_depth(_: Subject<'_>, _: u64) {}
+    pub(crate) fn subscriber_reconnect(_: Subject<'_>) {}
+    pub(crate) fn late_release(_: Subject<'_>) {}
+    pub(crate) fn behind_queue(_: Subject<'_>) {}
 }
 
 pub(crate) use emit::*;

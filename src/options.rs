@@ -10,8 +10,9 @@ pub(crate) const MAX_TOKEN_LEN: usize = 1024;
 
 /// The retry delay policy: full jitter, `rand(0, min(base * 2^attempt, cap))`.
 ///
-/// `Locker` sleeps it between attempts. `PubSubLocker` uses it only while its subscription is
-/// down (its queued waiters are handed the lock and otherwise check on a fixed interval). A
+/// A polling `Locker` sleeps it between attempts. A queued locker (`Locker<Queue>`) uses it only
+/// while its subscription is down (its queued waiters are handed the lock, and otherwise look
+/// again when a watch message or their process's housekeeper wakes them). A
 /// sleep never passes the holder's remaining TTL or the wait deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -61,9 +62,31 @@ impl Default for Backoff {
 pub struct LockOptions {
     ttl: Duration,
     wait: Duration,
-    refresh_ratio: f64,
+    refresh: Refresh,
     token: Option<String>,
     backoff: Backoff,
+}
+
+/// When a held lock is refreshed, in `run` or after `LockGuard::keep_alive`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Refresh {
+    /// Never: the section gets the TTL and no more, and its loss token is cancelled when the
+    /// TTL's validity deadline passes
+    /// ([`LossReason::TtlElapsed`](crate::LossReason::TtlElapsed)).
+    Off,
+    /// Every `ratio × TTL` after the last refresh; `ratio` in `(0, 1)` (checked when the
+    /// options are used, like every option).
+    Every(f64),
+}
+
+impl Refresh {
+    /// The ratio of the TTL after which a refresh is due; `None` when refresh is off.
+    pub fn ratio(self) -> Option<f64> {
+        match self {
+            Refresh::Off => None,
+            Refresh::Every(r) => Some(r),
+        }
+    }
 }
 
 impl std::fmt::Debug for LockOptions {
@@ -71,7 +94,7 @@ impl std::fmt::Debug for LockOptions {
         f.debug_struct("LockOptions")
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
-            .field("refresh_ratio", &self.refresh_ratio)
+            .field("refresh", &self.refresh)
             .field(
                 "token",
                 &self.token.as_ref().map(|t| format!("<{} bytes>", t.len())),
@@ -86,7 +109,7 @@ impl Default for LockOptions {
         LockOptions {
             ttl: Duration::from_secs(30),
             wait: Duration::from_secs(5),
-            refresh_ratio: 0.8,
+            refresh: Refresh::Every(0.8),
             token: None,
             backoff: Backoff::default(),
         }
@@ -118,20 +141,31 @@ impl LockOptions {
     }
 
     /// When to refresh a held lock in `run` or after `LockGuard::keep_alive`, as a fraction
-    /// of the TTL: in `(0, 1)`; 0 is the same as [`without_refresh`](Self::without_refresh).
-    /// Defaults to 0.8.
+    /// of the TTL: [`Refresh::Every`]`(ratio)`, `ratio` in `(0, 1)`; 0 is the same as
+    /// [`without_refresh`](Self::without_refresh). Defaults to 0.8.
     #[must_use]
-    pub fn with_refresh_ratio(mut self, ratio: f64) -> Self {
-        self.refresh_ratio = ratio;
-        self
+    pub fn with_refresh_ratio(self, ratio: f64) -> Self {
+        self.with_refresh(if ratio == 0.0 {
+            Refresh::Off
+        } else {
+            Refresh::Every(ratio)
+        })
     }
 
-    /// Never refresh the lock: `run`'s section (or a guard's `keep_alive`) gets the TTL and no
-    /// more, and its loss token is cancelled when the TTL's validity deadline passes
-    /// ([`LossReason::TtlElapsed`](crate::LossReason::TtlElapsed)).
+    /// Never refresh the lock ([`Refresh::Off`]): `run`'s section (or a guard's `keep_alive`)
+    /// gets the TTL and no more, and its loss token is cancelled when the TTL's validity
+    /// deadline passes ([`LossReason::TtlElapsed`](crate::LossReason::TtlElapsed)).
     #[must_use]
     pub fn without_refresh(self) -> Self {
-        self.with_refresh_ratio(0.0)
+        self.with_refresh(Refresh::Off)
+    }
+
+    /// When to refresh a held lock: [`Refresh::Off`] or [`Refresh::Every`]. Defaults to
+    /// `Every(0.8)`.
+    #[must_use]
+    pub fn with_refresh(mut self, refresh: Refresh) -> Self {
+        self.refresh = refresh;
+        self
     }
 
     /// A fixed token instead of a fresh UUID v4 per acquisition. With a fixed token, acquiring
@@ -160,9 +194,9 @@ impl LockOptions {
         self.wait
     }
 
-    /// The refresh ratio.
-    pub fn refresh_ratio(&self) -> f64 {
-        self.refresh_ratio
+    /// When a held lock is refreshed.
+    pub fn refresh(&self) -> Refresh {
+        self.refresh
     }
 
     /// The fixed token, if one was set.
@@ -177,19 +211,16 @@ impl LockOptions {
 
     /// Checks every option (`key` only names the lock in errors); gives the validated plan.
     pub(crate) fn validate(&self, key: &str) -> Result<Plan> {
-        let bad = |field, value: String, reason| Error::InvalidOptions {
-            key: key.to_owned(),
-            field,
-            value,
-            reason,
-        };
+        let bad = |field, value: String, reason| Error::invalid_option(key, field, value, reason);
         let ttl_ms = check_ttl(key, self.ttl)?;
-        if !(0.0..1.0).contains(&self.refresh_ratio) {
-            return Err(bad(
-                "refresh_ratio",
-                self.refresh_ratio.to_string(),
-                "must be in [0, 1): 0 turns refresh off",
-            ));
+        if let Refresh::Every(ratio) = self.refresh {
+            if !(ratio > 0.0 && ratio < 1.0) {
+                return Err(bad(
+                    "refresh_ratio",
+                    ratio.to_string(),
+                    "must be in (0, 1), or refresh off",
+                ));
+            }
         }
         if let Some(token) = &self.token {
             check_token(key, token)?;
@@ -217,7 +248,7 @@ impl LockOptions {
         }
         Ok(Plan {
             ttl_ms,
-            refresh_ratio: self.refresh_ratio,
+            refresh: self.refresh,
             wait: self.wait,
             backoff: self.backoff,
         })
@@ -229,8 +260,8 @@ impl LockOptions {
 pub(crate) struct Plan {
     /// The TTL in whole milliseconds (1 ..= i64::MAX).
     pub(crate) ttl_ms: u64,
-    /// In `[0, 1)`; 0 = no refresh.
-    pub(crate) refresh_ratio: f64,
+    /// Its ratio, if any, in `(0, 1)`.
+    pub(crate) refresh: Refresh,
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
 }
@@ -245,12 +276,12 @@ impl Plan {
 pub(crate) fn check_ttl(key: &str, ttl: Duration) -> Result<u64> {
     let ms = ttl.as_millis();
     if ms == 0 || ms > MAX_TTL_MS {
-        return Err(Error::InvalidOptions {
-            key: key.to_owned(),
-            field: "ttl",
-            value: format!("{ttl:?}"),
-            reason: "must be at least 1 ms and at most i64::MAX milliseconds",
-        });
+        return Err(Error::invalid_option(
+            key,
+            "ttl",
+            format!("{ttl:?}"),
+            "must be at least 1 ms and at most i64::MAX milliseconds",
+        ));
     }
     Ok(ms as u64)
 }
@@ -258,12 +289,12 @@ pub(crate) fn check_ttl(key: &str, ttl: Duration) -> Result<u64> {
 /// A token must be non-empty and at most [`MAX_TOKEN_LEN`] bytes.
 pub(crate) fn check_token(key: &str, token: &str) -> Result<()> {
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-        return Err(Error::InvalidOptions {
-            key: key.to_owned(),
-            field: "token",
-            value: format!("<{} bytes>", token.len()),
-            reason: "must be non-empty and at most 1024 bytes",
-        });
+        return Err(Error::invalid_option(
+            key,
+            "token",
+            format!("<{} bytes>", token.len()),
+            "must be non-empty and at most 1024 bytes",
+        ));
     }
     Ok(())
 }
@@ -277,7 +308,8 @@ mod tests {
         let o = LockOptions::new();
         assert_eq!(o.ttl(), Duration::from_secs(30));
         assert_eq!(o.wait(), Duration::from_secs(5));
-        assert_eq!(o.refresh_ratio(), 0.8);
+        assert_eq!(o.refresh(), Refresh::Every(0.8));
+        assert_eq!(o.clone().with_refresh_ratio(0.0).refresh(), Refresh::Off);
         assert_eq!(o.token(), None);
         assert_eq!(
             o.backoff(),

@@ -16,9 +16,11 @@ use crate::hold::run::{run_under, LockContext};
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::scripts::RawPermits;
+use crate::redis::Engine;
 use crate::strategy::{Poll, Strategy};
-use crate::wait::Request;
+use crate::wait::{self, Request};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The most permits a key can have (a read-write lock has this many: a reader holds one, a
@@ -36,7 +38,8 @@ pub const MAX_PERMITS: u32 = 1 << 20;
 /// an older one still holds): to refuse stale writers to one resource, lock that resource.
 #[derive(Clone)]
 pub struct Semaphore<S = Poll> {
-    locker: Locker<S>,
+    engine: Arc<Engine>,
+    strategy: S,
     permits: u32,
 }
 
@@ -44,7 +47,8 @@ impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for Semaphore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Semaphore")
             .field("permits", &self.permits)
-            .field("locker", &self.locker)
+            .field("prefix", &self.engine.prefix)
+            .field("strategy", &self.strategy)
             .finish()
     }
 }
@@ -92,20 +96,20 @@ impl<S: Strategy> Locker<S> {
     /// number of permits is fixed while anyone holds or waits: a semaphore with another number
     /// gets [`Error::PermitsMismatch`] there.
     ///
-    /// Errors: [`Error::InvalidOptions`] when `permits` is 0 or above [`MAX_PERMITS`].
+    /// Errors: [`Error::InvalidSetting`] when `permits` is 0 or above [`MAX_PERMITS`].
     ///
     /// [`Queue`]: crate::Queue
     pub fn semaphore(&self, permits: u32) -> Result<Semaphore<S>> {
         if permits == 0 || permits > MAX_PERMITS {
-            return Err(Error::InvalidOptions {
-                key: String::new(),
-                field: "permits",
-                value: permits.to_string(),
-                reason: "a semaphore has 1 to 1,048,576 permits",
-            });
+            return Err(Error::invalid_setting(
+                "permits",
+                permits,
+                "a semaphore has 1 to 1,048,576 permits",
+            ));
         }
         Ok(Semaphore {
-            locker: self.clone(),
+            engine: Arc::clone(&self.engine),
+            strategy: self.strategy.clone(),
             permits,
         })
     }
@@ -117,7 +121,8 @@ impl<S: Strategy> Locker<S> {
     pub fn rw_lock(&self) -> RwLock<S> {
         RwLock {
             sem: Semaphore {
-                locker: self.clone(),
+                engine: Arc::clone(&self.engine),
+                strategy: self.strategy.clone(),
                 permits: MAX_PERMITS,
             },
         }
@@ -134,8 +139,8 @@ impl<S: Strategy> Semaphore<S> {
     /// locker's, also for a one-shot attempt): the scripts keep the watchers of the key's queue
     /// out of holders' processes where they can.
     fn request(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<Request> {
-        let (engine, hub) = (&self.locker.engine, self.locker.strategy.process_id());
-        Request::permits(engine, key, opts, hub, self.permits, weight)
+        let pid = self.strategy.process_id();
+        Request::permits(&self.engine, key, opts, pid, self.permits, weight)
     }
 
     /// One attempt to take `weight` permits of `key`. It never jumps the queue: with waiters
@@ -150,7 +155,7 @@ impl<S: Strategy> Semaphore<S> {
     /// Cancel safe: permits taken by a dropped call are given back in the background.
     pub async fn acquire(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<LockGuard> {
         let req = self.request(key, weight, opts);
-        self.locker.once_for(key, req).await
+        wait::acquire(&self.engine, key, req).await
     }
 
     /// Takes `weight` permits of `key`, waiting up to `opts.wait`, as
@@ -171,7 +176,7 @@ impl<S: Strategy> Semaphore<S> {
         opts: &LockOptions,
     ) -> Result<LockGuard> {
         let req = self.request(key, weight, opts);
-        self.locker.wait_for(key, req).await
+        wait::acquire_wait(&self.engine, &self.strategy, key, req).await
     }
 
     /// Runs `f` holding `weight` permits of `key`, as [`Locker::run`] runs under a lock: waits
@@ -206,7 +211,7 @@ impl<S: Strategy> Semaphore<S> {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<PermitStatus> {
-        let engine = &self.locker.engine;
+        let engine = &self.engine;
         let names = crate::keys::Names::permits(&engine.prefix, key, self.permits)?;
         Ok(PermitStatus::from_raw(engine.permit_status(&names).await?))
     }
@@ -227,7 +232,8 @@ pub struct RwLock<S = Poll> {
 impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for RwLock<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RwLock")
-            .field("locker", &self.sem.locker)
+            .field("prefix", &self.sem.engine.prefix)
+            .field("strategy", &self.sem.strategy)
             .finish()
     }
 }

@@ -1,5 +1,5 @@
 //! What a locker counts for dashboards and the command-line tool: outcomes of acquisitions,
-//! a wait-time summary, lost locks, and (for `PubSubLocker`) why waiters woke.
+//! a wait-time summary, lost locks, and (for a queued locker) why waiters woke.
 
 use crate::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +8,7 @@ use std::time::Duration;
 /// A snapshot of one locker's counters (shared by its clones) since it was built.
 ///
 /// Read it with [`Locker::stats`](crate::Locker::stats) or
-/// [`PubSubLocker::stats`](crate::PubSubLocker::stats) and export the fields to whatever
+/// [`Locker::stats`](crate::Locker::stats) and export the fields to whatever
 /// metrics system you use; every counter only grows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -54,7 +54,7 @@ pub struct WaitSummary {
     pub max: Duration,
 }
 
-/// A snapshot of a queued locker's ([`PubSubLocker`](crate::PubSubLocker)) counters since it
+/// A snapshot of a queued locker's ([`Locker<Queue>`](crate::Locker)) counters since it
 /// was built; all zero for a polling locker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -191,24 +191,22 @@ impl Meter {
         self.key_label.store(on, Ordering::Relaxed);
     }
 
-    /// `poll` or `queue`.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn kind(&self) -> &'static str {
-        if self.queued.load(Ordering::Relaxed) {
-            "queue"
-        } else {
-            "poll"
+    /// Whom a metric about `key` is about: the locker's kind (`poll` or `queue`), and the key
+    /// when the locker opted in to the key label (an empty key is never a label).
+    pub(crate) fn subject<'a>(&self, key: &'a str) -> crate::metrics::Subject<'a> {
+        crate::metrics::Subject {
+            locker: if self.queued.load(Ordering::Relaxed) {
+                "queue"
+            } else {
+                "poll"
+            },
+            key: (self.key_label.load(Ordering::Relaxed) && !key.is_empty()).then_some(key),
         }
-    }
-
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn key_label(&self) -> bool {
-        self.key_label.load(Ordering::Relaxed)
     }
 
     /// Counts the outcome of one acquisition on `key`; `waited` for a waiting one.
     pub(crate) fn record<T>(&self, key: &str, result: &Result<T, Error>, waited: Option<Duration>) {
-        crate::metrics::acquisition(self, key, result, waited);
+        crate::metrics::acquisition(self.subject(key), result, waited);
         let c = match result {
             Ok(_) => {
                 if let Some(w) = waited {

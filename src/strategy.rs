@@ -87,7 +87,7 @@ pub(crate) mod sealed {
 
     impl Wait for Queue {
         fn process_id(&self) -> &str {
-            &self.hub.id
+            &self.hub.pid
         }
 
         fn wait<'a>(

@@ -3,7 +3,7 @@
 use super::lease::{Hold, Lease, Refresher};
 use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
-use crate::options::check_ttl;
+use crate::options::{check_ttl, Refresh};
 use crate::redis::scripts::Call;
 use crate::redis::{Engine, Extended, Released};
 use std::sync::Arc;
@@ -25,10 +25,10 @@ pub struct LockGuard {
     engine: Arc<Engine>,
     names: Names,
     token: String,
-    /// The locker's process id (a pub/sub locker's; empty for a polling one).
-    hub: String,
+    /// The locker's process id (a queued locker's; empty for a polling one).
+    pid: String,
     fence: u64,
-    refresh_ratio: f64,
+    refresh: Refresh,
     lease: Arc<Lease>,
     task: Option<Task>,
     released: bool,
@@ -51,9 +51,9 @@ impl LockGuard {
         engine: Arc<Engine>,
         names: Names,
         token: String,
-        hub: String,
+        pid: String,
         ttl: Duration,
-        refresh_ratio: f64,
+        refresh: Refresh,
         hold: Hold,
     ) -> Self {
         LockGuard {
@@ -61,9 +61,9 @@ impl LockGuard {
             engine,
             names,
             token,
-            hub,
+            pid,
             fence: hold.fence,
-            refresh_ratio,
+            refresh,
             task: None,
             released: false,
         }
@@ -132,7 +132,7 @@ impl LockGuard {
         let ttl = Duration::from_millis(ttl_ms);
         let call = Call {
             ttl_ms,
-            hub: &self.hub,
+            pid: &self.pid,
             ..Call::new(&self.names, &self.token)
         };
         let client = self.engine.backend.client_for(&self.token);
@@ -184,7 +184,7 @@ impl LockGuard {
                 self.engine.backend.client_for(&self.token),
                 &self.names,
                 &self.token,
-                &self.hub,
+                &self.pid,
                 self.engine.command_timeout,
             )
             .await;
@@ -199,7 +199,7 @@ impl LockGuard {
                     self.engine.release_in_background(
                         self.names.clone(),
                         std::mem::take(&mut self.token),
-                        std::mem::take(&mut self.hub),
+                        std::mem::take(&mut self.pid),
                         self.lease_end(),
                     );
                 }
@@ -243,7 +243,7 @@ impl LockGuard {
                     .meter
                     .late_releases
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                crate::metrics::late_release(&engine.meter, &key);
+                crate::metrics::late_release(engine.meter.subject(&key));
                 tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
                 Ok(())
             }
@@ -256,15 +256,15 @@ impl LockGuard {
         }
     }
 
-    /// Starts refreshing the lock in the background every `refresh_ratio × TTL` (the ratio of
-    /// the options it was acquired with) and returns a token that is cancelled the moment the
+    /// Starts refreshing the lock in the background every `ratio × TTL` (the
+    /// [`Refresh`](crate::Refresh) of the options it was acquired with) and returns a token that is cancelled the moment the
     /// lock is judged lost:
     /// - a refresh finds the token gone ([`LossReason::TokenGone`]);
     /// - no refresh succeeded before [`valid_until`](Self::valid_until)
     ///   ([`LossReason::Unreachable`]): cancelled at that deadline, before Redis lets another
     ///   client in;
-    /// - with `refresh_ratio = 0`, nothing is refreshed and the token is cancelled at the
-    ///   validity deadline ([`LossReason::TtlElapsed`]).
+    /// - with [`Refresh::Off`](crate::Refresh::Off), nothing is refreshed and the token is
+    ///   cancelled at the validity deadline ([`LossReason::TtlElapsed`]).
     ///
     /// The task stops when the guard is released or dropped, and holds only a weak reference
     /// to the locker. Calling it again returns the same token.
@@ -294,9 +294,9 @@ impl LockGuard {
                 engine: Arc::downgrade(&self.engine),
                 names: self.names.clone(),
                 token: self.token.clone(),
-                hub: self.hub.clone(),
+                pid: self.pid.clone(),
                 lease: Arc::clone(&self.lease),
-                ratio: self.refresh_ratio,
+                refresh: self.refresh,
                 stop: stop.clone(),
                 lost: lost.clone(),
             }
@@ -339,7 +339,7 @@ impl Drop for LockGuard {
             self.engine.release_in_background(
                 self.names.clone(),
                 std::mem::take(&mut self.token),
-                std::mem::take(&mut self.hub),
+                std::mem::take(&mut self.pid),
                 until,
             );
         }

@@ -2,6 +2,7 @@
 
 use crate::error::LossReason;
 use crate::keys::Names;
+use crate::options::Refresh;
 use crate::redis::scripts::Call;
 use crate::redis::{Engine, Extended};
 use std::sync::atomic::Ordering;
@@ -162,11 +163,11 @@ impl Lease {
         self.changed.subscribe()
     }
 
-    /// When the next refresh is due: `ratio` of the TTL after the last one; `None` when
+    /// When the next refresh is due: its ratio of the TTL after the last one; `None` when
     /// nothing needs sending.
-    fn next_refresh(&self, ratio: f64) -> Option<Instant> {
+    fn next_refresh(&self, refresh: Refresh) -> Option<Instant> {
         let s = self.lock();
-        (ratio > 0.0).then(|| s.since + s.ttl.mul_f64(ratio))
+        refresh.ratio().map(|ratio| s.since + s.ttl.mul_f64(ratio))
     }
 }
 
@@ -176,10 +177,9 @@ pub(crate) struct Refresher {
     pub(crate) names: Names,
     pub(crate) token: String,
     pub(crate) lease: Arc<Lease>,
-    /// The locker's process id (a pub/sub locker's), for the scripts' records.
-    pub(crate) hub: String,
-    /// 0 = refresh off.
-    pub(crate) ratio: f64,
+    /// The locker's process id (a queued locker's), for the scripts' records.
+    pub(crate) pid: String,
+    pub(crate) refresh: Refresh,
     pub(crate) stop: CancellationToken,
     pub(crate) lost: CancellationToken,
 }
@@ -204,7 +204,7 @@ impl Refresher {
     fn lose(&self, reason: LossReason) {
         if let Some(engine) = self.engine.upgrade() {
             engine.meter.locks_lost.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::lost(&engine.meter, &self.names.key, reason);
+            crate::metrics::lost(engine.meter.subject(&self.names.key), reason);
         }
         self.lease.mark_lost(reason);
         self.lost.cancel();
@@ -217,7 +217,7 @@ impl Refresher {
         loop {
             changes.borrow_and_update();
             let valid_until = self.lease.lock().valid_until;
-            let next = retry_at.or_else(|| self.lease.next_refresh(self.ratio));
+            let next = retry_at.or_else(|| self.lease.next_refresh(self.refresh));
             let refreshing = next.is_some();
             tokio::select! {
                 biased;
@@ -228,7 +228,7 @@ impl Refresher {
                     if self.lease.lock().valid_until > Instant::now() {
                         continue; // extended meanwhile by `LockGuard::extend`
                     }
-                    self.lose(if self.ratio > 0.0 { LossReason::Unreachable } else { LossReason::TtlElapsed });
+                    self.lose(if self.refresh == Refresh::Off { LossReason::TtlElapsed } else { LossReason::Unreachable });
                     return;
                 }
                 _ = sleep_until(next.unwrap_or(valid_until)), if refreshing => {}
@@ -252,7 +252,7 @@ impl Refresher {
                 .max(Duration::from_millis(1));
             let call = Call {
                 ttl_ms: ttl.as_millis() as u64,
-                hub: &self.hub,
+                pid: &self.pid,
                 ..Call::new(&self.names, &self.token)
             };
             let client = engine.backend.client_for(&self.token);
@@ -291,7 +291,7 @@ impl Refresher {
                 }
                 Err(e) => {
                     if let Some(engine) = self.engine.upgrade() {
-                        crate::metrics::refresh_failed(&engine.meter, &self.names.key);
+                        crate::metrics::refresh_failed(engine.meter.subject(&self.names.key));
                     }
                     let left = self
                         .lease
@@ -354,8 +354,11 @@ mod tests {
         lease.renewed(sent, MS * 5000);
         assert_eq!(lease.lock().valid_until, t0 + MS * 5458);
         // The next refresh is due `ratio` of the TTL after the last one; none with refresh off.
-        assert_eq!(lease.next_refresh(0.0), None);
-        assert_eq!(lease.next_refresh(0.5), Some(t0 + MS * 3010));
+        assert_eq!(lease.next_refresh(Refresh::Off), None);
+        assert_eq!(
+            lease.next_refresh(Refresh::Every(0.5)),
+            Some(t0 + MS * 3010)
+        );
         // Once lost, its validity has ended and is never renewed again; the first reason
         // stays.
         lease.mark_lost(LossReason::TokenGone);
@@ -406,7 +409,7 @@ mod tests {
         assert_eq!(second.await.expect("joins"), released_at);
     }
 
-    fn refresher(ratio: f64, hold: &Hold) -> (Refresher, Arc<Lease>, CancellationToken) {
+    fn refresher(refresh: Refresh, hold: &Hold) -> (Refresher, Arc<Lease>, CancellationToken) {
         let lease = Arc::new(Lease::new(MS * 1000, hold));
         let lost = CancellationToken::new();
         let r = Refresher {
@@ -414,8 +417,8 @@ mod tests {
             names: Names::new("waitlock:", "k").expect("valid key"),
             token: "t".into(),
             lease: Arc::clone(&lease),
-            hub: String::new(),
-            ratio,
+            pid: String::new(),
+            refresh,
             stop: CancellationToken::new(),
             lost: lost.clone(),
         };
@@ -425,7 +428,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_refresh_off_the_token_fires_at_the_validity_deadline_exactly() {
         let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, lease, lost) = refresher(0.0, &hold);
+        let (r, lease, lost) = refresher(Refresh::Off, &hold);
         let task = tokio::spawn(r.run());
         lost.cancelled().await;
         assert_eq!(Instant::now(), hold.valid_until, "not a tick early or late");
@@ -437,7 +440,7 @@ mod tests {
     async fn an_extend_meanwhile_moves_the_deadline() {
         let t0 = Instant::now();
         let hold = Hold::sent(1, t0, MS * 1000);
-        let (r, lease, lost) = refresher(0.0, &hold);
+        let (r, lease, lost) = refresher(Refresh::Off, &hold);
         let task = tokio::spawn(r.run());
         tokio::time::advance(MS * 900).await;
         let sent = lease.sending(MS * 1000, true);
@@ -451,7 +454,7 @@ mod tests {
     async fn a_shorter_extend_meanwhile_brings_the_loss_forward() {
         let t0 = Instant::now();
         let hold = Hold::sent(1, t0, MS * 1000);
-        let (r, lease, lost) = refresher(0.0, &hold);
+        let (r, lease, lost) = refresher(Refresh::Off, &hold);
         let task = tokio::spawn(r.run());
         tokio::time::advance(MS * 100).await;
         let sent = lease.sending(MS * 200, true);
@@ -469,7 +472,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refresher_whose_locker_is_gone_stops_without_judging_the_lock() {
         let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, lease, lost) = refresher(0.5, &hold);
+        let (r, lease, lost) = refresher(Refresh::Every(0.5), &hold);
         // Due at 500 ms; the locker (the Weak) is gone, so it ends there, and says nothing.
         tokio::spawn(r.run()).await.expect("the refresher ends");
         assert!(!lost.is_cancelled());
@@ -480,7 +483,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn stopping_ends_the_refresher_at_once() {
         let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, _lease, lost) = refresher(0.0, &hold);
+        let (r, _lease, lost) = refresher(Refresh::Off, &hold);
         let stop = r.stop.clone();
         let t = Instant::now();
         let task = tokio::spawn(r.run());

@@ -51,7 +51,7 @@ impl Engine {
         self: &Arc<Self>,
         names: Names,
         token: String,
-        hub: String,
+        pid: String,
         until: tokio::time::Instant,
     ) {
         let key = names.key.clone();
@@ -65,7 +65,7 @@ impl Engine {
                     .min(left)
                     .max(std::time::Duration::from_millis(1));
                 match engine
-                    .release_with(&client, &names, &token, &hub, limit, Via::Sha)
+                    .release_with(&client, &names, &token, &pid, limit, Via::Sha)
                     .await
                 {
                     Ok(r) => {
@@ -93,7 +93,7 @@ impl Engine {
         names: Names,
         token: String,
         member: String,
-        hub: String,
+        pid: String,
         flag: LeaveFlag,
     ) {
         let key = names.key.clone();
@@ -101,7 +101,7 @@ impl Engine {
             let client = engine.backend.client_for(&token).clone();
             let c = Call {
                 member: &member,
-                hub: &hub,
+                pid: &pid,
                 leave: Some(flag),
                 ..Call::new(&names, &token)
             };
@@ -150,8 +150,8 @@ pub(crate) struct QueueResidue<'a> {
     pub(crate) engine: &'a Arc<Engine>,
     pub(crate) names: &'a Names,
     pub(crate) token: &'a str,
-    /// The waiting process's id (the hub's).
-    pub(crate) hub: &'a str,
+    /// The waiting process's id (a queued locker's).
+    pub(crate) pid: &'a str,
     pub(crate) ttl_ms: u64,
     pub(crate) armed: bool,
 }
@@ -159,7 +159,7 @@ pub(crate) struct QueueResidue<'a> {
 impl QueueResidue<'_> {
     /// The waiter's queue member, as the scripts store it.
     pub(crate) fn member(&self) -> String {
-        protocol::member(self.hub, self.ttl_ms, self.token)
+        protocol::member(self.pid, self.ttl_ms, self.token)
     }
 }
 
@@ -170,7 +170,7 @@ impl Drop for QueueResidue<'_> {
                 self.names.clone(),
                 self.token.to_owned(),
                 self.member(),
-                self.hub.to_owned(),
+                self.pid.to_owned(),
                 LeaveFlag::GiveBack,
             );
         }

@@ -52,7 +52,8 @@ impl ConnectOptions {
     }
 
     /// How long connecting may take, TLS handshake and authentication included; a connection
-    /// that is not up by then fails with [`Error::Timeout`] (op `connect`). Each attempt's TCP
+    /// that is not up by then fails with [`Error::Connect`] (step `Connect`, source kind
+    /// `Timeout`). Each attempt's TCP
     /// connect and TLS handshake are also cut at 2 s (or this limit, when shorter). Must be
     /// non-zero. Defaults to 5 s.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -70,7 +71,7 @@ impl ConnectOptions {
     }
 
     /// The TLS settings of a `rediss://` URL: the CAs to trust and a client certificate. The
-    /// locker's client and a [`PubSubLocker`](crate::PubSubLocker)'s subscriber connection
+    /// locker's client and a queued locker's subscriber connection
     /// both use them. Giving them with a `redis://` URL is an error. Defaults to the system's
     /// CAs and no client certificate. Only with the `tls-rustls` feature.
     #[cfg(feature = "tls-rustls")]
@@ -147,16 +148,6 @@ fn plain_scheme(url: &str) -> Option<String> {
     None
 }
 
-/// An `InvalidOptions` error about connecting (no key).
-pub(super) fn invalid(field: &'static str, value: String, reason: &'static str) -> Error {
-    Error::InvalidOptions {
-        key: String::new(),
-        field,
-        value,
-        reason,
-    }
-}
-
 /// The reconnect policy of the clients waitlock makes: exponential from 10 ms, forever, capped
 /// at 1 s, and at 50 ms behind Sentinel. fred follows a Sentinel failover only when it
 /// reconnects, and a reconnection forced on `+switch-master` waits for the policy's next
@@ -189,7 +180,7 @@ fn config_for(url: &str, opts: &ConnectOptions) -> Result<Config> {
         None => {
             #[cfg(feature = "tls-rustls")]
             if opts.tls.is_some() {
-                return Err(invalid(
+                return Err(Error::invalid_setting(
                     "tls",
                     redact(url),
                     "TLS settings were given for a URL without TLS: use rediss://",
@@ -200,7 +191,7 @@ fn config_for(url: &str, opts: &ConnectOptions) -> Result<Config> {
         #[cfg(not(feature = "tls-rustls"))]
         Some(_) => {
             let _ = opts;
-            Err(invalid(
+            Err(Error::invalid_setting(
                 "url",
                 redact(url),
                 "rediss:// needs TLS: build waitlock with the tls-rustls feature",
@@ -225,7 +216,7 @@ pub(crate) async fn connect_client(
 ) -> Result<Client> {
     let limit = opts.timeout;
     if limit.is_zero() {
-        return Err(invalid(
+        return Err(Error::invalid_setting(
             "connect_timeout",
             format!("{limit:?}"),
             "must be non-zero",
@@ -503,7 +494,7 @@ mod tests {
     fn rediss_without_tls_is_refused_not_sent_in_plain_text() {
         let e = config_for("rediss://:pw@127.0.0.1:1", &ConnectOptions::new()).unwrap_err();
         assert!(
-            matches!(e, Error::InvalidOptions { field: "url", .. }),
+            matches!(e, Error::InvalidSetting { field: "url", .. }),
             "{e}"
         );
         assert!(!e.to_string().contains("pw"), "{e}");

@@ -6,29 +6,29 @@
 //! an unknown tag is dropped, an unknown lock state reads as "held"), and a new meaning gets a
 //! new tag, never an old one reused. During a rolling upgrade, scripts and clients of two
 //! versions meet on the same keys; the rule keeps every guard's lease one that Redis gave (an
-//! older client may be served late, never wrongly). `tests/scripts.rs` drives every transition
+//! older client may be served late, never wrongly). `tests/scripts_lock.rs` and `tests/scripts_permits.rs` drive every transition
 //! of the scripts through a real Redis; `model/` (crate `waitlock-model`)
 //! checks the protocol exhaustively.
 
 use std::time::Duration;
 
-/// A waiter's queue member: `"<hub> <ttl ms> <token>"` (the grant uses the TTL; the token is
+/// A waiter's queue member: `"<pid> <ttl ms> <token>"` (the grant uses the TTL; the token is
 /// last and may hold spaces).
-pub(crate) fn member(hub: &str, ttl_ms: u64, token: &str) -> String {
-    format!("{hub} {ttl_ms} {token}")
+pub(crate) fn member(pid: &str, ttl_ms: u64, token: &str) -> String {
+    format!("{pid} {ttl_ms} {token}")
 }
 
 /// The separator between a lock's Redis name and a process id in its grant channels.
 const CHANNEL_SEPARATOR: &str = ":w:";
 
-/// The channel on which the waiters of process `hub` receive grants for the lock `lock`.
-pub(crate) fn channel(lock: &str, hub: &str) -> String {
-    format!("{lock}{CHANNEL_SEPARATOR}{hub}")
+/// The channel on which the waiters of process `pid` receive grants for the lock `lock`.
+pub(crate) fn channel(lock: &str, pid: &str) -> String {
+    format!("{lock}{CHANNEL_SEPARATOR}{pid}")
 }
 
-/// The lock's Redis name in a grant channel of process `hub` (the inverse of [`channel`]).
-pub(crate) fn lock_of_channel<'a>(channel: &'a str, hub: &str) -> Option<&'a str> {
-    channel.strip_suffix(hub)?.strip_suffix(CHANNEL_SEPARATOR)
+/// The lock's Redis name in a grant channel of process `pid` (the inverse of [`channel`]).
+pub(crate) fn lock_of_channel<'a>(channel: &'a str, pid: &str) -> Option<&'a str> {
+    channel.strip_suffix(pid)?.strip_suffix(CHANNEL_SEPARATOR)
 }
 
 /// A message on a grant channel.

@@ -238,20 +238,20 @@ pub(crate) struct Call<'a> {
     pub(crate) ttl_ms: u64,
     /// The queue member (see [`protocol::member`]), empty when the caller does not queue.
     pub(crate) member: &'a str,
-    /// The calling process's id (a pub/sub locker's), empty for others.
-    pub(crate) hub: &'a str,
+    /// The calling process's id (a queued locker's), empty for others.
+    pub(crate) pid: &'a str,
     pub(crate) leave: Option<LeaveFlag>,
 }
 
 impl<'a> Call<'a> {
-    /// A call for `token` on `names` with no TTL, no queueing and no hub.
+    /// A call for `token` on `names` with no TTL, no queueing and no process id.
     pub(crate) fn new(names: &'a Names, token: &'a str) -> Call<'a> {
         Call {
             names,
             token,
             ttl_ms: 1,
             member: "",
-            hub: "",
+            pid: "",
             leave: None,
         }
     }
@@ -277,7 +277,7 @@ impl Engine {
             ms(self.claim_window).to_string(),
             ms(self.presence_window).to_string(),
             c.member.to_owned(),
-            c.hub.to_owned(),
+            c.pid.to_owned(),
             flag.to_owned(),
             fence,
         ];
@@ -435,7 +435,7 @@ impl Engine {
                 }
                 [reply::CONTINUE] => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    self.release_on(client, c.names, c.token, c.hub, left)
+                    self.release_on(client, c.names, c.token, c.pid, left)
                         .await?;
                     continue;
                 }
@@ -515,10 +515,10 @@ impl Engine {
         client: &Client,
         names: &Names,
         token: &str,
-        hub: &str,
+        pid: &str,
         limit: Duration,
     ) -> Result<Released> {
-        self.release_with(client, names, token, hub, limit, Via::Sha)
+        self.release_with(client, names, token, pid, limit, Via::Sha)
             .await
     }
 
@@ -527,12 +527,12 @@ impl Engine {
         client: &Client,
         names: &Names,
         token: &str,
-        hub: &str,
+        pid: &str,
         limit: Duration,
         how: Via,
     ) -> Result<Released> {
         let c = Call {
-            hub,
+            pid,
             ..Call::new(names, token)
         };
         let deadline = Instant::now() + limit;
@@ -577,7 +577,7 @@ impl Engine {
             [reply::HANDED_OVER] => Left::GaveBack,
             [reply::CONTINUE] => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                self.release_with(client, c.names, c.token, c.hub, left, how)
+                self.release_with(client, c.names, c.token, c.pid, left, how)
                     .await?;
                 Left::GaveBack
             }

@@ -2,7 +2,7 @@
 //! after `SENTINEL FAILOVER` with the old primary still alive its connections stay up, so its
 //! clients keep writing to a primary that is about to be demoted (about 10 s here). A
 //! subscription to every sentinel's `+switch-master` makes the locker's clients (and the
-//! pub/sub locker's subscriber) reconnect the moment a sentinel announces the new primary.
+//! queued locker's subscriber) reconnect the moment a sentinel announces the new primary.
 
 use super::Engine;
 use fred::clients::SubscriberClient;

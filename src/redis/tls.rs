@@ -2,7 +2,6 @@
 //! client certificate to present, turned into fred's `TlsConfig` (rustls with the ring
 //! provider). Only with the `tls-rustls` feature.
 
-use super::connect::invalid;
 use crate::error::{Error, Result};
 use fred::types::config::{TlsConfig, TlsConnector, TlsHostMapping};
 use rustls::pki_types::pem::{self, PemObject};
@@ -23,11 +22,12 @@ impl Pem {
     fn read(&self, field: &'static str) -> Result<Vec<u8>> {
         match self {
             Pem::Bytes(b) => Ok(b.to_vec()),
-            Pem::File(path) => std::fs::read(path).map_err(|e| Error::InvalidOptions {
-                key: String::new(),
-                field,
-                value: format!("{:?}: {e}", path.display().to_string()),
-                reason: "cannot be read",
+            Pem::File(path) => std::fs::read(path).map_err(|e| {
+                Error::invalid_setting(
+                    field,
+                    format!("{:?}: {e}", path.display().to_string()),
+                    "cannot be read",
+                )
             }),
         }
     }
@@ -56,7 +56,7 @@ impl Pem {
 /// Give it to [`ConnectOptions::with_tls`](crate::ConnectOptions::with_tls), or turn it into
 /// fred's own TLS config with [`fred_config`](Self::fred_config) for a client you build
 /// yourself. The same settings serve the locker's client and the subscriber connection of a
-/// [`PubSubLocker`](crate::PubSubLocker). Files are read and PEM is parsed when connecting;
+/// queued locker ([`Locker<Queue>`](crate::Locker)). Files are read and PEM is parsed when connecting;
 /// `Debug` never shows a private key. Only with the `tls-rustls` feature.
 ///
 /// # Examples
@@ -168,7 +168,7 @@ impl TlsOptions {
         let builder =
             ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
-                .map_err(|_| invalid("tls", "ring".into(), "no TLS version is available"))?
+                .map_err(|_| Error::invalid_setting("tls", "ring", "no TLS version is available"))?
                 .with_root_certificates(roots);
         let config = match &self.client {
             None => builder.with_no_client_auth(),
@@ -180,10 +180,10 @@ impl TlsOptions {
                             pem::Error::NoItemsFound => "holds no PEM private key",
                             _ => "is not valid PEM",
                         };
-                        invalid("tls.client_key", key.shown(), reason)
+                        Error::invalid_setting("tls.client_key", key.shown(), reason)
                     })?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|_| {
-                    invalid(
+                    Error::invalid_setting(
                         "tls.client_key",
                         key.shown(),
                         "does not match the client certificate, or its kind is not supported",
@@ -204,7 +204,11 @@ impl TlsOptions {
             Some(ca) => {
                 for cert in certificates(ca, "tls.ca")? {
                     roots.add(cert).map_err(|_| {
-                        invalid("tls.ca", ca.shown(), "is not a usable CA certificate")
+                        Error::invalid_setting(
+                            "tls.ca",
+                            ca.shown(),
+                            "is not a usable CA certificate",
+                        )
                     })?;
                 }
             }
@@ -214,9 +218,9 @@ impl TlsOptions {
                 let found = rustls_native_certs::load_native_certs();
                 roots.add_parsable_certificates(found.certs);
                 if roots.is_empty() {
-                    return Err(invalid(
+                    return Err(Error::invalid_setting(
                         "tls.ca",
-                        "the system's trust store".into(),
+                        "the system's trust store",
                         "holds no CA certificate: give one with TlsOptions::with_ca_file",
                     ));
                 }
@@ -231,9 +235,13 @@ fn certificates(pem: &Pem, field: &'static str) -> Result<Vec<CertificateDer<'st
     let text = pem.read(field)?;
     let certs = CertificateDer::pem_slice_iter(&text)
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|_| invalid(field, pem.shown(), "is not valid PEM"))?;
+        .map_err(|_| Error::invalid_setting(field, pem.shown(), "is not valid PEM"))?;
     if certs.is_empty() {
-        return Err(invalid(field, pem.shown(), "holds no PEM certificate"));
+        return Err(Error::invalid_setting(
+            field,
+            pem.shown(),
+            "holds no PEM certificate",
+        ));
     }
     Ok(certs)
 }
@@ -244,7 +252,7 @@ mod tests {
 
     fn field_of(r: Result<TlsConfig>) -> &'static str {
         match r {
-            Err(Error::InvalidOptions { field, .. }) => field,
+            Err(Error::InvalidSetting { field, .. }) => field,
             other => panic!("expected InvalidOptions, got {other:?}"),
         }
     }

@@ -16,6 +16,7 @@ use crate::keys::Names;
 use crate::options::{LockOptions, Plan};
 use crate::redis::scripts::Call;
 use crate::redis::{Attempt, Engine, Extended, Queued, ResidueGuard};
+use crate::strategy::Strategy;
 use fred::clients::Client;
 use jitter::Delays;
 use std::sync::Arc;
@@ -43,14 +44,14 @@ pub(crate) fn new_token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// A token generated for a caller in process `hub`: a queued locker's start with its process
-/// id (`"<hub>/<uuid>"`), so that the scripts know the holder's process (they keep the two
+/// A token generated for a caller in process `pid`: a queued locker's start with its process
+/// id (`"<pid>/<uuid>"`), so that the scripts know the holder's process (they keep the two
 /// watchers out of it; see queue.lua's header); a polling locker's are a bare uuid.
-fn own_token(hub: &str) -> String {
-    if hub.is_empty() {
+fn own_token(pid: &str) -> String {
+    if pid.is_empty() {
         new_token()
     } else {
-        format!("{hub}/{}", new_token())
+        format!("{pid}/{}", new_token())
     }
 }
 
@@ -62,8 +63,8 @@ pub(crate) struct Request {
     /// The token was generated for this call (only this call knows it).
     pub(crate) own_token: bool,
     pub(crate) plan: Plan,
-    /// The waiting process's id (a pub/sub locker's hub), empty for a polling locker.
-    pub(crate) hub: String,
+    /// The waiting process's id (a queued locker's), empty for a polling locker.
+    pub(crate) pid: String,
 }
 
 impl Request {
@@ -71,20 +72,20 @@ impl Request {
         engine: &Engine,
         key: &str,
         opts: &LockOptions,
-        hub: &str,
+        pid: &str,
     ) -> Result<Request> {
         let plan = opts.validate(key)?;
         let names = engine.names(key)?;
         let (token, own_token) = match opts.token() {
             Some(t) => (Arc::from(t), false),
-            None => (Arc::from(own_token(hub)), true),
+            None => (Arc::from(own_token(pid)), true),
         };
         Ok(Request {
             names,
             token,
             own_token,
             plan,
-            hub: hub.to_owned(),
+            pid: pid.to_owned(),
         })
     }
 
@@ -94,17 +95,13 @@ impl Request {
         engine: &Engine,
         key: &str,
         opts: &LockOptions,
-        hub: &str,
+        pid: &str,
         limit: u32,
         weight: u32,
     ) -> Result<Request> {
         let plan = opts.validate(key)?;
-        let invalid = |field, value: String, reason| Error::InvalidOptions {
-            key: key.to_owned(),
-            field,
-            value,
-            reason,
-        };
+        let invalid =
+            |field, value: String, reason| Error::invalid_option(key, field, value, reason);
         if opts.token().is_some() {
             return Err(invalid(
                 "token",
@@ -122,10 +119,10 @@ impl Request {
         let names = Names::permits(&engine.prefix, key, limit)?;
         Ok(Request {
             names,
-            token: Arc::from(format!("w{weight}:{}", own_token(hub))),
+            token: Arc::from(format!("w{weight}:{}", own_token(pid))),
             own_token: true,
             plan,
-            hub: hub.to_owned(),
+            pid: pid.to_owned(),
         })
     }
 
@@ -141,9 +138,9 @@ impl Request {
             Arc::clone(engine),
             self.names.clone(),
             self.token.to_string(),
-            self.hub.clone(),
+            self.pid.clone(),
             self.plan.ttl(),
-            self.plan.refresh_ratio,
+            self.plan.refresh,
             hold,
         )
     }
@@ -176,7 +173,7 @@ impl Request {
         }
         let call = Call {
             ttl_ms: self.plan.ttl_ms,
-            hub: &self.hub,
+            pid: &self.pid,
             ..Call::new(&self.names, &self.token)
         };
         let sent_at = Instant::now();
@@ -207,7 +204,7 @@ impl Request {
                 client,
                 &self.names,
                 &self.token,
-                &self.hub,
+                &self.pid,
                 engine.command_timeout,
             )
             .await;
@@ -297,7 +294,7 @@ impl Waiting {
         let call = Call {
             ttl_ms: req.plan.ttl_ms,
             member,
-            hub: if member.is_empty() { "" } else { &req.hub },
+            pid: if member.is_empty() { "" } else { &req.pid },
             ..Call::new(&req.names, &req.token)
         };
         // An attempt whose outcome is unknown (dropped, or timed out: it may still run), or a
@@ -341,7 +338,7 @@ impl Waiting {
                 behind_queue,
             }) => {
                 self.last_error = None;
-                if behind_queue && req.hub.is_empty() {
+                if behind_queue && req.pid.is_empty() {
                     behind_the_queue(engine, req);
                 }
                 return Ok(Step::Held {
@@ -411,7 +408,7 @@ impl Waiting {
 fn behind_the_queue(engine: &Engine, req: &Request) {
     use std::sync::atomic::Ordering;
     engine.meter.behind_queue.fetch_add(1, Ordering::Relaxed);
-    crate::metrics::behind_queue(&engine.meter, &req.names.key);
+    crate::metrics::behind_queue(engine.meter.subject(&req.names.key));
     if !engine
         .meter
         .warned_behind_queue
@@ -424,6 +421,63 @@ fn behind_the_queue(engine: &Engine, req: &Request) {
              (reported once per locker; see LockerStats::behind_queue)"
         );
     }
+}
+
+/// The way in for a lock's or permits' `acquire`: one attempt for `req` (or its validation
+/// error), counted in the locker's stats.
+#[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
+pub(crate) async fn acquire(
+    engine: &Arc<Engine>,
+    key: &str,
+    req: Result<Request>,
+) -> Result<LockGuard> {
+    let result = match req {
+        Ok(req) => once(engine, &req).await,
+        Err(e) => Err(e),
+    };
+    engine.meter.record(key, &result, None);
+    result
+}
+
+/// The way in for a lock's or permits' `acquire_wait`: waits for `req` (or returns its
+/// validation error) as `strategy` does, counted in the locker's stats and traced.
+#[tracing::instrument(
+    name = "acquire_wait",
+    level = "debug",
+    skip_all,
+    fields(
+        key = %key,
+        locker = engine.meter.subject("").locker,
+        waited_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        fence = tracing::field::Empty,
+    )
+)]
+pub(crate) async fn acquire_wait<S: Strategy>(
+    engine: &Arc<Engine>,
+    strategy: &S,
+    key: &str,
+    req: Result<Request>,
+) -> Result<LockGuard> {
+    let start = Instant::now();
+    let result = match req {
+        Ok(req) => strategy.wait(engine, &req).await,
+        Err(e) => Err(e),
+    };
+    let waited = start.elapsed();
+    engine.meter.record(key, &result, Some(waited));
+    let span = tracing::Span::current();
+    span.record("waited_ms", waited.as_secs_f64() * 1e3);
+    match &result {
+        Ok(g) => {
+            span.record("outcome", "acquired");
+            span.record("fence", g.fence());
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e));
+        }
+    }
+    result
 }
 
 /// One attempt, no waiting: the lock, or `Locked` with the holder's remaining TTL. Never jumps
@@ -497,7 +551,7 @@ mod tests {
             token: new_token().into(),
             own_token: true,
             plan,
-            hub: String::new(),
+            pid: String::new(),
         }
     }
 

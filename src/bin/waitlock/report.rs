@@ -69,7 +69,9 @@ pub fn limit_name(permits: u32) -> String {
 pub fn exit_code(e: &Error, conflict: u8) -> u8 {
     match e {
         Error::Locked { .. } | Error::WaitTimeout { .. } | Error::AlreadyHeld { .. } => conflict,
-        Error::InvalidKey { .. } | Error::InvalidOptions { .. } => USAGE,
+        Error::InvalidKey { .. } | Error::InvalidOptions { .. } | Error::InvalidSetting { .. } => {
+            USAGE
+        }
         // Another run of the key gives another --limit (or -s/-x): a mistake in the scripts.
         Error::PermitsMismatch { .. } => USAGE,
         Error::Connect {
@@ -111,6 +113,11 @@ pub fn describe(e: &Error, url: &str) -> String {
             value,
             reason,
             ..
+        }
+        | Error::InvalidSetting {
+            field,
+            value,
+            reason,
         } => format!("invalid {field} {value}: {reason}"),
         Error::PermitsMismatch {
             key,

@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
-use waitlock::{Error, LockGuard, LockOptions, Locker, PubSubLocker};
+use waitlock::{Error, LockGuard, LockOptions, Locker, Queue};
 
 /// What `run` takes on KEY: the lock, or permits of the key. The only place the two differ;
 /// everything after (waiting, refresh, supervision, release) works on the same `LockGuard`.
@@ -39,7 +39,7 @@ impl Hold {
     /// One attempt (`wait` false) or a wait up to `opts.wait`.
     async fn acquire(
         self,
-        locker: &PubSubLocker,
+        locker: &Locker<Queue>,
         key: &str,
         opts: &LockOptions,
         wait: bool,
@@ -200,7 +200,7 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
 
 /// Connects and takes the lock (or the permits); on failure, the message is printed and the
 /// exit code returned.
-async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(PubSubLocker, LockGuard), u8> {
+async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue>, LockGuard), u8> {
     let key = args.key.as_str();
     let url = args.conn.url.as_str();
     let fail = |e: Error| {

@@ -18,22 +18,21 @@
 //! A dropped waiter leaves the queue in the background and gives back a grant it may have
 //! been sent, so the next waiter is served at once.
 //!
-//! Model: `wait` and `take_grant` are mirrored by `Queue::start`, `attempt`, `on_attempt`,
-//! `wake` and `take_grant` in model/src/lib.rs (change both together).
+//! Model: `wait` and `take_grant` are mirrored by `System::start`, `attempt`, `on_attempt`,
+//! `wake` and `take_grant` in model/src/waiter.rs, its loop state `Turn` by `Wt` (change
+//! both together).
 
 pub(crate) mod hub;
 pub(crate) mod stats;
 
 use super::{Request, Step, Waiting};
-use crate::error::{ConnectStep, Error, Result};
+use crate::error::Result;
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::{validity_deadline, Hold};
 use crate::redis::protocol::Grant;
 use crate::redis::{Engine, QueueResidue};
-use fred::clients::{Client, SubscriberClient};
-use fred::interfaces::{ClientLike, EventInterface};
-use fred::types::{CustomCommand, Value};
-use hub::{Hub, Mode, SubState};
+use fred::clients::Client;
+use hub::{Hub, SubState};
 use stats::WakeReason;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,125 +44,6 @@ use tokio::time::{sleep, Instant};
 /// key deleted by hand). Everything else wakes it: its grant, a watch message when it becomes
 /// a watcher, a reconnect, lost messages, the process resuming from a freeze.
 pub(crate) const SAFETY_INTERVAL: Duration = Duration::from_secs(100);
-
-/// Opens the subscriber connection with the client's config and starts the hub.
-pub(crate) async fn start_hub(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
-    engine.meter.set_queued();
-    let client = engine.backend.next_client();
-    let mode = detect_mode(client, engine.command_timeout).await?;
-    let mut perf = client.perf_config();
-    // Bursts of grants must not overflow the message buffer (fred's default is 32). The
-    // dispatcher only looks each message up and wakes one waiter, so it drains far faster than
-    // Redis can publish; 4,096 slots (fred sizes each of its event channels so) are ample, and
-    // an overflow only makes every waiter check its lock.
-    perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(4096);
-    if perf.default_command_timeout.is_zero() {
-        perf.default_command_timeout = engine.command_timeout;
-    }
-    let subscriber = SubscriberClient::new(
-        client.client_config(),
-        Some(perf),
-        Some(client.connection_config().clone()),
-        Some(crate::redis::reconnect_policy(&client.client_config())),
-    );
-    let messages = subscriber.message_rx();
-    let reconnects = subscriber.reconnect_rx();
-    let connect_limit = engine.command_timeout.max(Duration::from_secs(1));
-    let fail = |source| Error::Connect {
-        step: ConnectStep::ConnectSubscriber,
-        target: "the subscriber connection".into(),
-        source,
-    };
-    match tokio::time::timeout(connect_limit, subscriber.init()).await {
-        Ok(Ok(task)) => crate::redis::supervise(subscriber.clone(), task, "the subscriber"),
-        Ok(Err(e)) => return Err(fail(e)),
-        Err(_) => {
-            let s = subscriber.clone();
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), s.quit()).await;
-            });
-            return Err(fail(fred::error::Error::new(
-                fred::error::ErrorKind::Timeout,
-                format!("no answer within {connect_limit:?}"),
-            )));
-        }
-    }
-    tracing::debug!(?mode, "pub/sub mode");
-    // On a cluster, a command that meets MOVED makes fred report a topology change: shard
-    // channels of moved slots may have been dropped, so every channel is subscribed again.
-    let topology = client.is_clustered().then(|| client.cluster_change_rx());
-    let switched = Some(engine.switched.subscribe());
-    Ok(Hub::start(
-        Arc::downgrade(engine),
-        subscriber,
-        mode,
-        hub::Events {
-            messages,
-            reconnects,
-            topology,
-            switched,
-        },
-        engine.command_timeout,
-    ))
-}
-
-/// Sharded pub/sub when the server has SSUBSCRIBE and SPUBLISH (Redis >= 7.0, and not renamed
-/// away), classic otherwise. Asked once, when the locker starts (three tries). A server that
-/// does not answer is an error, not a guess; so is a cluster without sharded pub/sub (classic
-/// subscriptions live on one node, where a release on another cannot see them).
-async fn detect_mode(client: &Client, limit: Duration) -> Result<Mode> {
-    let mut last = None;
-    for attempt in 0..3u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-        }
-        let ask = client.custom::<Value, _>(
-            CustomCommand::new_static("COMMAND", None, false),
-            vec!["INFO", "SSUBSCRIBE", "SPUBLISH"],
-        );
-        let found = match tokio::time::timeout(limit, ask).await {
-            Ok(Ok(Value::Array(found))) if found.len() == 2 => found,
-            Ok(Ok(other)) => {
-                last = Some(format!("unexpected reply {other:?}"));
-                continue;
-            }
-            Ok(Err(e)) => {
-                last = Some(e.to_string());
-                continue;
-            }
-            Err(_) => {
-                last = Some(format!("no answer within {limit:?}"));
-                continue;
-            }
-        };
-        if found.iter().all(|c| !matches!(c, Value::Null)) {
-            return Ok(Mode::Sharded);
-        }
-        if client.is_clustered() {
-            return Err(Error::Connect {
-                step: ConnectStep::PubSub,
-                target: "the cluster".into(),
-                source: fred::error::Error::new(
-                    fred::error::ErrorKind::Config,
-                    "this cluster has no sharded pub/sub (SSUBSCRIBE and SPUBLISH, Redis >= 7.0): \
-                     a PubSubLocker cannot work on it (use a polling Locker)",
-                ),
-            });
-        }
-        return Ok(Mode::Classic);
-    }
-    Err(Error::Connect {
-        step: ConnectStep::PubSub,
-        target: "the server".into(),
-        source: fred::error::Error::new(
-            fred::error::ErrorKind::IO,
-            format!(
-                "could not ask the server which pub/sub it has (COMMAND INFO SSUBSCRIBE SPUBLISH): {}",
-                last.unwrap_or_default()
-            ),
-        ),
-    })
-}
 
 /// `d` × [0.75, 1.25): spreads timers that would otherwise fire together.
 fn spread(d: Duration) -> Duration {
@@ -179,6 +59,36 @@ struct Anchor {
     fence: u64,
 }
 
+/// The wait loop's state, field for field the model's waiter (`Wt` in `model/src/system.rs`;
+/// the deadline is `Waiting`'s, the mail, the stored wake-up and `hub_woke` are the cell's).
+struct Turn {
+    /// The last attempt that left this waiter queued (`Wt::anchor`).
+    anchor: Option<Anchor>,
+    /// When this waiter looks at the lock next, if it is one of the lock's watchers
+    /// (`Wt::watch`).
+    watch: Option<Instant>,
+    /// How long it sleeps when nothing wakes it: a backoff, the last resort, or until its
+    /// subscription is confirmed (`Wt::timer`).
+    timer: Duration,
+    /// It attempts next (`Wt::check`).
+    check: bool,
+    /// Queueing attempts in a row that found its subscription gone (a Cluster slot moved; the
+    /// model has no slots).
+    deaf: u32,
+}
+
+impl Default for Turn {
+    fn default() -> Turn {
+        Turn {
+            anchor: None,
+            watch: None,
+            timer: Duration::ZERO,
+            check: true,
+            deaf: 0,
+        }
+    }
+}
+
 /// The queue strategy's wait (see the module docs).
 pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) -> Result<LockGuard> {
     if req.plan.wait.is_zero() {
@@ -188,7 +98,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
     let mut w = Waiting::new(&req.plan);
     // Every call of the request on one client, so Redis runs them in order.
     let client = req.client(engine).clone();
-    let channel = req.names.channel(&hub.id);
+    let channel = req.names.channel(&hub.pid);
     // This process listens on the key already (its waiters wait there, or did a moment ago):
     // the queueing attempt below takes a free lock as a plain attempt would, so that one
     // would be a wasted call.
@@ -207,30 +117,24 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         engine,
         names: &req.names,
         token: &req.token,
-        hub: &hub.id,
+        pid: &hub.pid,
         ttl_ms: req.plan.ttl_ms,
         armed: false,
     };
     let slot = &registration.slot;
-    let mut anchor: Option<Anchor> = None;
-    // When this waiter looks at the lock next, if it is one of the lock's watchers.
-    let mut watch: Option<Instant> = None;
-    let mut check = true;
-    let mut timer = Duration::ZERO;
-    // Queueing attempts in a row that found our subscription gone.
-    let mut deaf = 0u32;
+    let mut t = Turn::default();
     loop {
         let now = Instant::now();
-        if check {
+        if t.check {
             // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
             // queued waiter that nobody listens for. While it is pending (first subscription,
             // or after a reconnect) wait for the hub's wake-up at its confirmation; while it
             // has failed, poll without queueing.
-            timer = match slot.state() {
+            t.timer = match slot.state() {
                 SubState::Pending => {
                     // No look until Redis confirms the subscription (the hub wakes us then): a
                     // watch time that has passed must not make this loop spin.
-                    watch = None;
+                    t.watch = None;
                     w.deadline.saturating_duration_since(now)
                 }
                 state => {
@@ -250,7 +154,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                     match step {
                         Step::Won(g) => {
                             queue.armed = false;
-                            crate::metrics::handoff(&engine.meter, &req.names.key, false);
+                            crate::metrics::handoff(engine.meter.subject(&req.names.key), false);
                             return Ok(g);
                         }
                         Step::Held {
@@ -258,12 +162,15 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                             queued: Some(q),
                             sent_at,
                         } if listening => {
-                            anchor = Some(Anchor {
+                            t.anchor = Some(Anchor {
                                 sent_at,
                                 redis_us: q.redis_us,
                                 fence: q.fence,
                             });
-                            crate::metrics::queue_depth(&engine.meter, &req.names.key, q.depth);
+                            crate::metrics::queue_depth(
+                                engine.meter.subject(&req.names.key),
+                                q.depth,
+                            );
                             if q.deaf {
                                 // Redis dropped our subscription without telling fred (a
                                 // Cluster slot moved): subscribe again, then check. While a
@@ -271,18 +178,18 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                                 // the subscription on the source: wait a growing delay, not
                                 // spin.
                                 hub.lost_subscription(slot);
-                                deaf = deaf.saturating_add(1);
-                                let pause = Duration::from_millis(10 << deaf.min(7))
+                                t.deaf = t.deaf.saturating_add(1);
+                                let pause = Duration::from_millis(10 << t.deaf.min(7))
                                     .min(w.deadline.saturating_duration_since(now));
                                 sleep(pause).await;
                                 continue;
                             }
-                            deaf = 0;
+                            t.deaf = 0;
                             // A watcher looks when the holder's lease ends (plus a little:
                             // PTTL rounds down); the others wait to be told.
                             // (From the attempt's send: Redis ran it no earlier, so the lease
                             // ends no earlier than that; a late reply does not make us late.)
-                            watch = q.watcher.then(|| {
+                            t.watch = q.watcher.then(|| {
                                 sent_at
                                     + remaining
                                         .map(|r| r + Duration::from_millis(1))
@@ -291,7 +198,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                             spread(SAFETY_INTERVAL)
                         }
                         Step::Held { remaining, .. } => {
-                            anchor = None;
+                            t.anchor = None;
                             w.backoff(now, remaining)
                         }
                         Step::Failed => w.backoff(now, None),
@@ -300,8 +207,8 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             };
         }
         let now = Instant::now();
-        let mut sleep_for = timer.min(w.deadline.saturating_duration_since(now));
-        if let Some(at) = watch {
+        let mut sleep_for = t.timer.min(w.deadline.saturating_duration_since(now));
+        if let Some(at) = t.watch {
             sleep_for = sleep_for.min(at.saturating_duration_since(now));
         }
         let started = now;
@@ -319,23 +226,27 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         if reason.is_none() && at_deadline {
             super::until(w.deadline).await;
         }
-        timer = timer.saturating_sub(started.elapsed());
+        t.timer = t.timer.saturating_sub(started.elapsed());
         // A grant published before our last queueing attempt ran (its fence is not above the
         // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
         // queued us again. Its message may still arrive after the reply; it must not be used.
         if let Some(grant) = cell
             .take_grant()
-            .filter(|g| anchor.is_none_or(|a| g.fence > a.fence))
+            .filter(|g| t.anchor.is_none_or(|a| g.fence > a.fence))
         {
             counters.woke(Some(WakeReason::Notification));
             // Boxed (as the attempts): its call state would otherwise size every waiting
             // future.
             // Its confirmation (if it needs one) ends by the wait's deadline too.
             let (limit, _) = w.limit(engine.command_timeout, Instant::now());
-            match Box::pin(take_grant(engine, hub, req, &client, anchor, grant, limit)).await {
+            match Box::pin(take_grant(
+                engine, hub, req, &client, t.anchor, grant, limit,
+            ))
+            .await
+            {
                 Ok(Some(g)) => {
                     queue.armed = false;
-                    crate::metrics::handoff(&engine.meter, &req.names.key, true);
+                    crate::metrics::handoff(engine.meter.subject(&req.names.key), true);
                     return Ok(g);
                 }
                 // The grant lapsed before we could confirm it: this process may have been
@@ -346,7 +257,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                 Err(e) if e.is_transient() => {}
                 Err(e) => return Err(e),
             }
-            check = true;
+            t.check = true;
             continue;
         }
         // A wake-up from the hub (lost messages, a reconnect, a resumed process, dropped
@@ -359,23 +270,23 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             // grant's is, says when the lease ends at the latest, never later. One published
             // before our last queueing attempt ran is stale: that attempt's reply said more.
             counters.woke(Some(WakeReason::Watch));
-            if let Some(at) = look_at(anchor, px, at_us) {
-                watch = Some(at + Duration::from_millis(1));
+            if let Some(at) = look_at(t.anchor, px, at_us) {
+                t.watch = Some(at + Duration::from_millis(1));
             }
-            check = hub_woke;
+            t.check = hub_woke;
         } else if hub_woke || !matches!(reason, Some(WakeReason::Notification | WakeReason::Watch))
         {
             if reason != Some(WakeReason::Notification) {
                 counters.woke(reason);
             }
-            check = true;
+            t.check = true;
         } else {
             // Woken by a message with nothing in the mail: a permit left over (two messages
             // came before the waiter ran; the first wake took both mails), or a grant from
             // before our last queueing attempt, which that attempt saw. Nothing new to look
             // at, and a look now can cross our own grant and take it as a look. A timer that
             // is due fires at the next select.
-            check = false;
+            t.check = false;
         }
         if Instant::now() >= w.deadline {
             // The queue residue takes us out of the queue in the background.
