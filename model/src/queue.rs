@@ -24,8 +24,9 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> process(pid): gone (lapsed 'x', or nobody listens), fresh
-    // (seen within the presence window, by Redis' clock, not in its future) or stale
+    // mirrors queue.lua -> queue -> process(pid) (with `judge`; `know` asks for several pids
+    // in one read, the same answers): gone (lapsed 'x', or nobody listens), fresh (seen
+    // within the presence window, by Redis' clock, not in its future) or stale
     pub fn process(&self, s: &State<K>, p: usize) -> Status {
         let pr = s.procs[p];
         if pr.rec == Rec::Lapsed || !self.listener(s, p) {
@@ -106,7 +107,10 @@ impl<K: Key> System<K> {
     // none was chosen, or with `fill`) from the skipped processes, `last` (with `fill`) after
     // the others. `skip`: a set of processes, a bit each (the lock's single `skip` is one bit,
     // `''` none). A kept watcher is told again if it would look later than the lease ends
-    // (with `later`, a refresh: also earlier); any chosen: `retain()`
+    // (with `later`, a refresh: also earlier); any chosen: `retain()` (`kept`, serve's call,
+    // leaves it to the caller's `keep`/`retain` right after: the same end state). The Lua
+    // reads the back of the queue only when the current watchers do not do, and writes only
+    // the fields that change: the same watchers, the same messages
     pub fn watch(
         &self,
         s: &mut State<K>,

@@ -100,7 +100,7 @@ local function slow()
   -- waiters dropped, more to look at: call again).
   local function serve(self)
     local chosen = nil
-    local stopped, full_scan = Q.walk(self, nil, function(m)
+    local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
       chosen = m
       return 'last'
     end)
@@ -118,7 +118,9 @@ local function slow()
       -- would keep naming its process as pending, which a later lapse would mark 'x'.
       if px > CLAIM then px = CLAIM else px = math.max(1, math.floor(px / 2)) end
     end
-    local more = redis.call('ZCARD', q) > 0
+    -- (Every member before the chosen one left: the queue is what is behind it.)
+    local more = behind
+    if more == nil then more = redis.call('ZCARD', q) > 0 end
     local pending = nil
     if more and not full then pending = pid end
     local f = next_fence(more, pending, px)
@@ -126,7 +128,7 @@ local function slow()
     redis.call('SET', lock, state .. token, 'PX', px)
     redis.call('HSET', pkey, '!h', pid)
     Q.grant(p.how, pid, f, px, token)
-    Q.watch(pid, px)
+    Q.watch(pid, px, nil, nil, nil, true)
     -- (The hash may be new here: it gets an expiry either way.)
     if more then Q.keep(px) else Q.retain() end
     return 'granted', px

@@ -167,13 +167,8 @@ local function queue()
   -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
   -- (nobody listens, or its short grant lapsed).
   local known = {}
-  local function process(pid)
-    local k = known[pid]
-    if k then return k end
-    k = {}
-    local rec = redis.call('HGET', pkey, pid)
-    k.lapsed = rec == LAPSED
-    k.how = (not k.lapsed) and listener(pid) or nil
+  local function judge(rec, how)
+    local k = {lapsed = rec == LAPSED, how = how}
     -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
     -- clock is behind) says nothing of the process: not fresh.
     local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
@@ -184,8 +179,53 @@ local function queue()
     else
       k.is = 'stale'
     end
-    known[pid] = k
     return k
+  end
+
+  -- Learns what `process` says of each of `pids` not known yet, in one read of their records
+  -- and one (or, for classic pub/sub, two) of their listeners, whatever their number.
+  local function know(pids)
+    local ask, asked = {}, {}
+    for _, pid in ipairs(pids) do
+      if pid and not known[pid] and not asked[pid] then
+        asked[pid] = true
+        ask[#ask + 1] = pid
+      end
+    end
+    if #ask == 0 then return end
+    local recs = redis.call('HMGET', pkey, unpack(ask))
+    local chans, of, hows = {}, {}, {}
+    for j, pid in ipairs(ask) do
+      if recs[j] ~= LAPSED then
+        chans[#chans + 1] = channel(pid)
+        of[#chans] = j
+      end
+    end
+    if #chans > 0 then
+      local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
+      local rest = {}
+      for n = 1, #chans do
+        if type(r) == 'table' and not r.err and tonumber(r[2 * n]) > 0 then
+          hows[of[n]] = 's'
+        else
+          rest[#rest + 1] = n
+        end
+      end
+      if #rest > 0 then
+        local cs = {}
+        for m, n in ipairs(rest) do cs[m] = chans[n] end
+        local r2 = redis.call('PUBSUB', 'NUMSUB', unpack(cs))
+        for m, n in ipairs(rest) do
+          if tonumber(r2[2 * m]) > 0 then hows[of[n]] = 'c' end
+        end
+      end
+    end
+    for j, pid in ipairs(ask) do known[pid] = judge(recs[j], hows[j]) end
+  end
+
+  local function process(pid)
+    if not known[pid] then know({pid}) end
+    return known[pid]
   end
 
   -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
@@ -197,11 +237,30 @@ local function queue()
   -- the walk goes on), 'last' (it leaves and the walk ends), 'stop' (it stays and the walk
   -- ends) or nil (it stays and the walk goes on). A malformed member is dropped. The members
   -- that leave go in one ZREM. Returns whether the walk ended by `visit`, whether it saw SCAN
-  -- members (more may be left), and how many left the queue.
+  -- members (more may be left), how many left the queue, and whether members are left behind
+  -- the last one it visited (nil: not known without asking).
   local function walk(self, own_token, visit)
-    local heads = redis.call('ZRANGE', q, 0, SCAN - 1)
     local out, stopped = {}, false
-    for _, head in ipairs(heads) do
+    -- Heads are read a few at a time (most walks stop at the first live one), SCAN at most:
+    -- `from` heads read so far, `heads` the last batch, `i` its members visited.
+    local from, heads, i, size, full = 0, {}, 0, 8, true
+    local function next_head()
+      if i == #heads then
+        if not full or from >= SCAN then return nil end
+        local n = math.min(size, SCAN - from)
+        heads = redis.call('ZRANGE', q, from, from + n - 1)
+        full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
+        if #heads == 0 then return nil end
+        local pids = {}
+        for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
+        know(pids)
+      end
+      i = i + 1
+      return heads[i]
+    end
+    while true do
+      local head = next_head()
+      if not head then break end
       local pid, ttl, token = split_member(head)
       local m = {member = head, pid = pid, ttl = ttl and tonumber(ttl), token = token}
       m.own = head == self or (own_token ~= nil and token == own_token)
@@ -228,7 +287,10 @@ local function queue()
       end
     end
     if #out > 0 then redis.call('ZREM', q, unpack(out)) end
-    return stopped, #heads == SCAN, #out
+    -- Members behind the last one visited: true, false, or nil (not read: maybe).
+    local behind = i < #heads or nil
+    if not behind and not full then behind = false end
+    return stopped, from - (#heads - i) == SCAN, #out, behind
   end
 
   -- Watchers: two queued waiters of two processes look at the key when the lease that ends
@@ -248,26 +310,47 @@ local function queue()
   -- the lease ends is told again; with `later` (a refresh) also one that would look earlier, so
   -- that watchers of a lock held long make no calls. Permits pass `skip` as a set of pids (the
   -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
-  -- other is left, `last` (the process whose lease ends first) last.
-  local function watch(skip, px, later, fill, last)
+  -- other is left, `last` (the process whose lease ends first) last. `kept`: the caller gives
+  -- the processes hash its expiry after this call (else a hash this call made gets one).
+  local function watch(skip, px, later, fill, last, kept)
     local skips = skip
     if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
-    local cands = {}
-    for _, field in ipairs(WATCHERS) do
-      local v = redis.call('HGET', pkey, field)
-      local at, m = nil, nil
-      if v then at, m = string.match(v, '^(%d+) (.*)$') end
-      if m and redis.call('ZSCORE', q, m) then
-        cands[#cands + 1] = {m = m, at = tonumber(at)}
+    local cands, was = {}, redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2])
+    local cur = {}
+    for i = 1, 2 do
+      local v = was[i]
+      if v then
+        local at, m = string.match(v, '^(%d+) (.*)$')
+        if m then cur[#cur + 1] = {m = m, at = tonumber(at)} end
       end
     end
-    local tail = redis.call('ZRANGE', q, -16, -1)
-    for j = #tail, 1, -1 do cands[#cands + 1] = {m = tail[j]} end
-    local chosen, pids = {}, {}
+    if #cur > 0 then
+      know({(split_member(cur[1].m)), cur[2] and (split_member(cur[2].m))})
+      local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
+      for j, c in ipairs(cur) do
+        if score[j] then cands[#cands + 1] = c end
+      end
+    end
+    local chosen, pids, tail_read = {}, {}, false
     local function pick(fresh_only, allow_skip, except)
-      for _, c in ipairs(cands) do
-        if #chosen == 2 then return end
+      local j = 1
+      while #chosen < 2 do
+        if j > #cands then
+          -- New watchers come from the back of the queue, read only when the current ones
+          -- do not do (a busy queue keeps its watchers).
+          if tail_read then return end
+          tail_read = true
+          local tail, pids = redis.call('ZRANGE', q, -16, -1), {}
+          for k = #tail, 1, -1 do
+            cands[#cands + 1] = {m = tail[k]}
+            pids[#pids + 1] = (split_member(tail[k]))
+          end
+          know(pids)
+          if j > #cands then return end
+        end
+        local c = cands[j]
+        j = j + 1
         local wpid, _, wtoken = split_member(c.m)
         if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
           local p = process(wpid)
@@ -288,15 +371,22 @@ local function queue()
       if fill and last then pick(false, true, last) end
       pick(false, true)
     end
-    redis.call('HDEL', pkey, WATCHERS[1], WATCHERS[2])
-    for i, c in ipairs(chosen) do
-      if not c.at or until_ms < c.at or (later and until_ms > c.at) then
-        publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
-        c.at = until_ms
+    -- Written only where a field changes (a kept watcher that is not told again keeps its).
+    for i = 1, 2 do
+      local c = chosen[i]
+      if c then
+        if not c.at or until_ms < c.at or (later and until_ms > c.at) then
+          publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
+          c.at = until_ms
+        end
+        local v = string.format('%.0f', c.at) .. ' ' .. c.m
+        if was[i] ~= v then redis.call('HSET', pkey, WATCHERS[i], v) end
+      elseif was[i] then
+        redis.call('HDEL', pkey, WATCHERS[i])
       end
-      redis.call('HSET', pkey, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
     end
-    if #chosen > 0 then retain() end
+    -- (`kept`: the caller sets the hash's expiry after this.)
+    if #chosen > 0 and not kept then retain() end
   end
 
   -- MEMBER, just queued with the lease that ends first ending in `pttl` ms: whether it watches
@@ -306,8 +396,10 @@ local function queue()
   -- with the holder): `holding` is the set of the holders' processes (nil: a lock's, its '!h').
   local function watching(pttl, holding)
     local ms, pids = {}, {}
-    for i, field in ipairs(WATCHERS) do
-      local v = redis.call('HGET', pkey, field)
+    -- The watchers and a lock's holder ('!h'), in one read.
+    local was = redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h')
+    for i = 1, 2 do
+      local v = was[i]
       ms[i] = v and string.match(v, '^%d+ (.*)$')
       pids[i] = ms[i] and split_member(ms[i])
     end
@@ -322,10 +414,9 @@ local function queue()
       end
     end
     if not mine and not holding then
-      -- A lock's holder, as recorded ('!h'), read only when it matters.
+      -- A lock's holder, as recorded ('!h').
       holding = {}
-      local holder = redis.call('HGET', pkey, '!h')
-      if holder then holding[holder] = true end
+      if was[3] then holding[was[3]] = true end
     end
     if not mine and not holding[PID] then
       for i = 1, 2 do
