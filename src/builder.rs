@@ -209,7 +209,7 @@ impl<S> LockerBuilder<S> {
 impl LockerBuilder<Poll> {
     /// A polling locker: its waiters retry with jittered exponential backoff.
     ///
-    /// Errors: [`Error::InvalidOptions`] for a bad prefix, timeout, window or retention.
+    /// Errors: [`Error::InvalidSetting`] for a bad prefix, timeout, window or retention.
     pub fn build(self) -> Result<Locker<Poll>> {
         let engine = Arc::new(self.engine()?);
         crate::redis::sentinel::watch(&engine);

@@ -83,13 +83,13 @@ impl Locker<Poll> {
     ///
     /// With the `tls-rustls` feature a `rediss://` URL connects with TLS, trusting the system's
     /// CAs; [`connect_with`](Self::connect_with) takes a private CA and a client certificate.
-    /// Without it a `rediss://` URL is refused ([`Error::InvalidOptions`], field `url`), never
+    /// Without it a `rediss://` URL is refused ([`Error::InvalidSetting`], field `url`), never
     /// sent in plain text.
     ///
-    /// Errors: [`Error::Connect`] with step [`ConnectStep::ParseUrl`] when the URL does not
-    /// parse, [`ConnectStep::Connect`] when connecting fails (nothing answers, the password or
+    /// Errors: [`Error::Connect`] with step [`ConnectStep::ParseUrl`](crate::ConnectStep::ParseUrl) when the URL does not
+    /// parse, [`ConnectStep::Connect`](crate::ConnectStep::Connect) when connecting fails (nothing answers, the password or
     /// the server's certificate is refused, the server does not speak TLS, or it takes more
-    /// than 5 s: source kind `Timeout`), [`ConnectStep::CheckServer`] when the server cannot
+    /// than 5 s: source kind `Timeout`), [`ConnectStep::CheckServer`](crate::ConnectStep::CheckServer) when the server cannot
     /// hold locks (older than 7.0, or it may evict keys). Messages never show the URL's
     /// password.
     ///

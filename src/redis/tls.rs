@@ -159,7 +159,7 @@ impl TlsOptions {
     /// # let _ = locker; Ok(()) }
     /// ```
     ///
-    /// Errors: [`Error::InvalidOptions`] naming the option (`tls.ca`, `tls.client_cert`,
+    /// Errors: [`Error::InvalidSetting`] naming the setting (`tls.ca`, `tls.client_cert`,
     /// `tls.client_key`) when a file cannot be read, holds no PEM of the right kind, or the
     /// key does not match the certificate; also when the system's trust store is empty and
     /// no CA was given.
@@ -253,7 +253,7 @@ mod tests {
     fn field_of(r: Result<TlsConfig>) -> &'static str {
         match r {
             Err(Error::InvalidSetting { field, .. }) => field,
-            other => panic!("expected InvalidOptions, got {other:?}"),
+            other => panic!("expected InvalidSetting, got {other:?}"),
         }
     }
 
