@@ -5,8 +5,9 @@ use crate::fifo::Fifo;
 use crate::system::*;
 
 impl<K: Key> System<K> {
-    // mirrors queue.lua -> queue -> listener(pid): somebody listens on the process's grant
-    // channel (its subscriber connection is up and a waiter of it is registered on the key)
+    // mirrors queue.lua -> queue -> listener(pid) (`listeners` asks for several at once):
+    // somebody listens on the process's grant channel (its subscriber connection is up and a
+    // waiter of it is registered on the key)
     pub fn listener(&self, s: &State<K>, p: usize) -> bool {
         let pr = s.procs[p];
         pr.sub && pr.run != Run::Killed && self.registered(s, p)

@@ -70,13 +70,32 @@ local function queue()
 
   -- How a process listens on its grant channel: 's' sharded, 'c' classic, nil nobody (its
   -- process died, or lost its subscriber connection).
-  local function listener(pid)
-    local ch = channel(pid)
-    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', ch)
-    if type(r) == 'table' and not r.err and tonumber(r[2]) > 0 then return 's' end
-    if tonumber(redis.call('PUBSUB', 'NUMSUB', ch)[2]) > 0 then return 'c' end
-    return nil
+  -- `listeners(pids)[n]` for each of `pids`, asked in one PUBSUB SHARDNUMSUB (and one NUMSUB
+  -- for those nobody listens for sharded).
+  local function listeners(pids)
+    local chans, hows, rest = {}, {}, {}
+    for n, pid in ipairs(pids) do chans[n] = channel(pid) end
+    if #chans == 0 then return hows end
+    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
+    for n = 1, #chans do
+      if type(r) == 'table' and not r.err and tonumber(r[2 * n]) > 0 then
+        hows[n] = 's'
+      else
+        rest[#rest + 1] = n
+      end
+    end
+    if #rest > 0 then
+      local cs = {}
+      for m, n in ipairs(rest) do cs[m] = chans[n] end
+      local r2 = redis.call('PUBSUB', 'NUMSUB', unpack(cs))
+      for m, n in ipairs(rest) do
+        if tonumber(r2[2 * m]) > 0 then hows[n] = 'c' end
+      end
+    end
+    return hows
   end
+
+  local function listener(pid) return listeners({pid})[1] end
 
   local function publish(how, pid, msg)
     if how == 's' then
@@ -194,32 +213,16 @@ local function queue()
     end
     if #ask == 0 then return end
     local recs = redis.call('HMGET', pkey, unpack(ask))
-    local chans, of, hows = {}, {}, {}
+    -- A lapsed process is gone whoever listens: only the others are asked about.
+    local live, of = {}, {}
     for j, pid in ipairs(ask) do
       if recs[j] ~= LAPSED then
-        chans[#chans + 1] = channel(pid)
-        of[#chans] = j
+        live[#live + 1] = pid
+        of[#live] = j
       end
     end
-    if #chans > 0 then
-      local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
-      local rest = {}
-      for n = 1, #chans do
-        if type(r) == 'table' and not r.err and tonumber(r[2 * n]) > 0 then
-          hows[of[n]] = 's'
-        else
-          rest[#rest + 1] = n
-        end
-      end
-      if #rest > 0 then
-        local cs = {}
-        for m, n in ipairs(rest) do cs[m] = chans[n] end
-        local r2 = redis.call('PUBSUB', 'NUMSUB', unpack(cs))
-        for m, n in ipairs(rest) do
-          if tonumber(r2[2 * m]) > 0 then hows[of[n]] = 'c' end
-        end
-      end
-    end
+    local hows = {}
+    for n, how in pairs(listeners(live)) do hows[of[n]] = how end
     for j, pid in ipairs(ask) do known[pid] = judge(recs[j], hows[j]) end
   end
 
@@ -341,12 +344,12 @@ local function queue()
           -- do not do (a busy queue keeps its watchers).
           if tail_read then return end
           tail_read = true
-          local tail, pids = redis.call('ZRANGE', q, -16, -1), {}
+          local tail, tail_pids = redis.call('ZRANGE', q, -16, -1), {}
           for k = #tail, 1, -1 do
             cands[#cands + 1] = {m = tail[k]}
-            pids[#pids + 1] = (split_member(tail[k]))
+            tail_pids[#tail_pids + 1] = (split_member(tail[k]))
           end
-          know(pids)
+          know(tail_pids)
           if j > #cands then return end
         end
         local c = cands[j]
