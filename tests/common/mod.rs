@@ -49,6 +49,17 @@ pub(crate) fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// A free port for a cluster node: at most 55,535, with its bus port (+ 10,000) free as well
+/// (Redis refuses a higher port; the ephemeral range reaches 60,999).
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisServer {
     pub fn start() -> RedisServer {
         Self::start_with(&[])
@@ -83,23 +94,37 @@ impl RedisServer {
             free_port()
         ));
         std::fs::create_dir_all(&dir).expect("create temp dir");
-        for _ in 0..5 {
-            let mut s = RedisServer {
-                child: None,
-                port: free_port(),
-                dir: dir.clone(),
-                paused: false,
-                extra: extra.iter().map(|a| a.to_string()).collect(),
-                tls_only,
+        // A cluster node also listens on its port + 10,000 (the bus), so its port must be at most
+        // 55,535 and that second port free too.
+        let cluster = extra.contains(&"--cluster-enabled");
+        // One value across the tries: a failed try is killed, and the directory (its log and the
+        // others') stays until the server is dropped.
+        let mut s = RedisServer {
+            child: None,
+            port: 0,
+            dir,
+            paused: false,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
+            tls_only,
+        };
+        const TRIES: usize = 10;
+        for _ in 0..TRIES {
+            s.port = if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
             };
             if s.spawn() {
                 return s;
             }
+            s.kill();
         }
-        panic!(
-            "redis-server did not start on a free port after 5 tries; log in {}",
-            dir.display()
-        );
+        let mut logs = String::new();
+        for entry in std::fs::read_dir(&s.dir).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            logs.push_str(&format!("--- {} ---\n{text}\n", entry.path().display()));
+        }
+        panic!("redis-server did not start on a free port after {TRIES} tries:\n{logs}");
     }
 
     /// Starts the process on `self.port`; true once its log says it accepts connections and it
