@@ -22,35 +22,11 @@ use waitlock::{Backoff, LockOptions, Locker, Queue};
 
 /// Counts live heap bytes, so the scale workload can report what waiters hold now rather than
 /// the allocator's high-water mark that RSS shows.
-struct CountingAlloc;
-
-static LIVE_HEAP: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
-unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        LIVE_HEAP.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
-        std::alloc::System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        LIVE_HEAP.fetch_sub(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
-        std::alloc::System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        LIVE_HEAP.fetch_add(
-            new_size as isize - layout.size() as isize,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        std::alloc::System.realloc(ptr, layout, new_size)
-    }
-}
-
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: common::alloc::CountingAlloc = common::alloc::CountingAlloc;
 
-fn live_heap() -> i64 {
-    LIVE_HEAP.load(std::sync::atomic::Ordering::Relaxed) as i64
-}
+use common::alloc::live_heap;
+use common::server_info::{commandstats, redis_cpu_us, used_memory};
 
 const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
 
@@ -359,71 +335,6 @@ const LUA_CMDS: [&str; 22] = [
     "zrank",
 ];
 
-/// `INFO <section>` of the server, or of every primary of a cluster, one after another.
-async fn info(admin: &Client, section: &'static str) -> Vec<String> {
-    if !admin.is_clustered() {
-        let one: String = common::cmd(admin, "INFO", vec![section.into()]).await;
-        return vec![one];
-    }
-    // CLUSTER NODES: "<id> <host:port@bus> <flags> ..." per node; primaries have "master".
-    let nodes: String = common::cmd(admin, "CLUSTER NODES", vec![]).await;
-    let primaries = nodes.lines().filter_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        if !f.get(2)?.split(',').any(|x| x == "master") {
-            return None;
-        }
-        let (host, port) = f.get(1)?.split('@').next()?.rsplit_once(':')?;
-        Some(fred::types::config::Server::new(
-            host,
-            port.parse::<u16>().ok()?,
-        ))
-    });
-    let mut all = Vec::new();
-    for node in primaries.collect::<Vec<_>>() {
-        let one: String = admin
-            .with_cluster_node(node.clone())
-            .custom(
-                fred::types::CustomCommand::new_static("INFO", None, false),
-                vec![section],
-            )
-            .await
-            .unwrap_or_else(|e| panic!("INFO {section} of {node}: {e}"));
-        all.push(one);
-    }
-    all
-}
-
-/// Redis' own CPU time so far, `used_cpu_sys + used_cpu_user` of `INFO cpu`, in microseconds
-/// (summed over a cluster's primaries).
-async fn redis_cpu_us(admin: &Client) -> f64 {
-    info(admin, "cpu")
-        .await
-        .iter()
-        .map(|text| {
-            text.lines()
-                .filter_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    matches!(k, "used_cpu_sys" | "used_cpu_user")
-                        .then(|| v.trim().parse::<f64>().ok())
-                        .flatten()
-                })
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        * 1e6
-}
-
-/// Calls per command (summed over a cluster's primaries).
-async fn commandstats(admin: &Client) -> HashMap<String, u64> {
-    let mut stats = HashMap::new();
-    for text in info(admin, "commandstats").await {
-        for (name, calls) in common::command_calls(&text) {
-            *stats.entry(name).or_insert(0) += calls;
-        }
-    }
-    stats
-}
-
 fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, names: &[&str]) -> u64 {
     names
         .iter()
@@ -538,19 +449,6 @@ async fn run_config(
         wall,
         stats,
     }
-}
-
-/// Redis's `used_memory` (summed over a cluster's primaries).
-async fn used_memory(admin: &Client) -> i64 {
-    info(admin, "memory")
-        .await
-        .iter()
-        .filter_map(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("used_memory:"))
-                .and_then(|v| v.trim().parse::<i64>().ok())
-        })
-        .sum()
 }
 
 struct Report {

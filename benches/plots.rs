@@ -10,7 +10,9 @@
 //! - `handoff-cdf-<workers>x<processes>.svg`: the handoff gap (one holder's release to the next
 //!   holder's acquisition, across workers) as a cumulative distribution, per locker;
 //! - `calls-per-acquisition.svg`: Redis calls per acquisition, per locker and configuration;
-//! - `wait-timeout-overshoot.svg`: how far past its deadline a wait returned, per locker.
+//! - `wait-timeout-overshoot.svg`: how far past its deadline a wait returned, per locker;
+//! - `curve-<name>.svg`: the cost curves of `cargo bench --bench curves`
+//!   (`target/waitlock-curves.json`), two figures of each point against its x (log scale).
 //!
 //! Pure Rust (plotters' SVG backend): no font or image library needed.
 
@@ -162,23 +164,119 @@ fn bars(
     Ok(())
 }
 
-fn main() -> Res {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let input = root.join("target/waitlock-bench.json");
-    let body = std::fs::read_to_string(&input).map_err(|e| {
-        format!(
-            "{}: {e} (run `cargo bench --bench contention` first)",
-            input.display()
-        )
-    })?;
-    let reports: Vec<Value> = body
+/// One curve: for each of `figures`, a panel of its value against the point's x (log scale).
+fn curve(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    points: &[&Value],
+    figures: &[(&str, &str)],
+) -> Res {
+    let root = SVGBackend::new(path, (360 * figures.len() as u32, 380)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title_area, body) = root.split_vertically(30);
+    title_area.titled(title, ("sans-serif", 18))?;
+    let xs: Vec<f64> = points.iter().map(|p| num(p, "x")).collect();
+    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
+    let hi = xs.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+    for (i, (panel, (key, desc))) in body
+        .split_evenly((1, figures.len()))
+        .iter()
+        .zip(figures)
+        .enumerate()
+    {
+        let series: Vec<(f64, f64)> = points
+            .iter()
+            .map(|p| (num(p, "x"), num(p, key)))
+            .filter(|(_, y)| y.is_finite())
+            .collect();
+        let top = series.iter().map(|(_, y)| *y).fold(0.0, f64::max).max(1e-3) * 1.2;
+        let mut chart = ChartBuilder::on(panel)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((lo / 1.5..hi * 1.5).log_scale(), 0f64..top)?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(*desc).draw()?;
+        let color = COLORS[i % COLORS.len()];
+        chart.draw_series(LineSeries::new(series.clone(), color.stroke_width(2)))?;
+        chart.draw_series(series.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// The JSON objects of `file` in target/, one per line; none when it is missing.
+fn read_reports(root: &Path, file: &str) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let Ok(body) = std::fs::read_to_string(root.join("target").join(file)) else {
+        return Ok(Vec::new());
+    };
+    Ok(body
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()?)
+}
+
+fn main() -> Res {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let reports = read_reports(root, "waitlock-bench.json")?;
+    let curves = read_reports(root, "waitlock-curves.json")?;
+    if reports.is_empty() && curves.is_empty() {
+        return Err(
+            "target/waitlock-bench.json and target/waitlock-curves.json are missing: run \
+             `cargo bench --bench contention` or `cargo bench --bench curves` first"
+                .into(),
+        );
+    }
     let out = root.join("docs/plots");
     std::fs::create_dir_all(&out)?;
     let mut written = Vec::new();
+    for (name, title, x_desc, figures) in [
+        (
+            "refreshing",
+            "Held locks kept alive by one locker",
+            "locks held (log scale)",
+            [
+                ("script_calls_per_period", "script calls per refresh period"),
+                ("redis_cpu_pct_of_core", "Redis CPU, % of one core"),
+            ],
+        ),
+        (
+            "held",
+            "Acquire + release of another key while one process holds N",
+            "keys held (log scale)",
+            [
+                ("pair_p50_ms", "pair latency p50, ms"),
+                ("redis_cpu_us_per_pair", "Redis CPU per pair, us"),
+            ],
+        ),
+        (
+            "queued",
+            "Handoffs with N waiters queued on one key (one process)",
+            "waiters queued (log scale)",
+            [
+                ("gap_p50_ms", "handoff gap p50, ms"),
+                ("redis_cpu_us_per_acq", "Redis CPU per acquisition, us"),
+            ],
+        ),
+        (
+            "processes",
+            "Handoffs among N processes contending for one key",
+            "processes (log scale)",
+            [
+                ("gap_p50_ms", "handoff gap p50, ms"),
+                ("redis_cpu_us_per_acq", "Redis CPU per acquisition, us"),
+            ],
+        ),
+    ] {
+        let points: Vec<&Value> = curves.iter().filter(|p| text(p, "curve") == name).collect();
+        if points.is_empty() {
+            continue;
+        }
+        let path = out.join(format!("curve-{name}.svg"));
+        curve(&path, title, x_desc, &points, &figures)?;
+        written.push(path);
+    }
 
     // Handoff CDFs, one plot per configuration.
     let mut by_config: BTreeMap<String, Vec<(String, Vec<f64>)>> = BTreeMap::new();
@@ -235,7 +333,7 @@ fn main() -> Res {
         println!("wrote {}", p.display());
     }
     if written.is_empty() {
-        return Err(format!("{}: no handoff or wait-timeout reports", input.display()).into());
+        return Err("no handoff, wait-timeout or curve reports to plot".into());
     }
     Ok(())
 }

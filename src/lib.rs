@@ -55,6 +55,10 @@ pub mod scripts {
     pub const LEAVE: &str = crate::redis::scripts::LEAVE;
     /// Status: reads the lock, its fence and its queue length.
     pub const STATUS: &str = crate::redis::scripts::STATUS;
+    /// Refresh many locks in one call (the refresher's batches; no prelude): `KEYS` lock 1,
+    /// fence 1, lock 2, fence 2, ...; `ARGV` retention ms, then token, ttl ms per lock. One
+    /// reply code per lock: 0 not held, 1 refreshed, 6 left alone (refresh it with [`EXTEND`]).
+    pub const REFRESH: &str = crate::redis::scripts::REFRESH;
     /// Permits (a semaphore's, a read-write lock's): acquire, queueing when given a member.
     /// `KEYS` are holders `{pk}:s`, state `{pk}:s:fence`, queue `{pk}:s:q`, processes
     /// `{pk}:s:p`, holder fences `{pk}:s:f`; `ARGV` as above, then the key's permits. The

@@ -653,3 +653,78 @@ async fn a_locker_works_again_after_its_slot_moved_under_load() {
     looper.await.expect("looper");
     println!("slot moved under load: the lock worked again {back:?} after the move's end");
 }
+
+/// Held locks on keys over every primary, kept alive by the locker's one refresher: cutting the
+/// connections to one primary loses none of them, and the refresh calls are batched per slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refresher_keeps_locks_on_every_primary_through_a_cut_connection() {
+    let cluster = RedisCluster::start(3, 0);
+    let locker = polling(&cluster.url()).await;
+    // 600 keys in 30 hash tags (the lock `{waitlock:{group-N}-i}` hashes "waitlock:{group-N"):
+    // the locks of one tag share a slot, and so their refresh calls.
+    let keys: Vec<String> = (0..600)
+        .map(|i| format!("{{group-{}}}-{i}", i % 30))
+        .collect();
+    let owners: HashSet<u16> = keys
+        .iter()
+        .map(|k| {
+            let name = format!("{{waitlock:{k}}}");
+            cluster.owner(waitlock::fred::util::redis_keyslot(name.as_bytes()))
+        })
+        .collect();
+    assert_eq!(owners.len(), 3, "the keys do not cover every primary");
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_millis(1_500))
+        .with_refresh_ratio(0.5);
+    let mut guards = Vec::new();
+    for k in &keys {
+        let mut g = locker.acquire(k, &opts).await.expect("acquire a free key");
+        g.keep_alive();
+        guards.push(g);
+    }
+    let calls_before: u64 = cluster
+        .primaries()
+        .iter()
+        .map(|p| {
+            common::command_calls(&cli(*p, &["info", "commandstats"]))
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Every normal connection to one primary cut (the locker's among them).
+    let victim = cluster.primaries()[0];
+    cli(victim, &["client", "kill", "type", "normal"]);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let periods = start.elapsed().as_secs_f64() / 0.75;
+    for g in &guards {
+        assert_eq!(g.loss(), None, "{} was reported lost", g.key());
+    }
+    let calls: u64 = cluster
+        .primaries()
+        .iter()
+        .map(|p| {
+            common::command_calls(&cli(*p, &["info", "commandstats"]))
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum::<u64>()
+        - calls_before;
+    println!(
+        "{} locks on {} primaries: {calls} script calls in {periods:.1} refresh periods",
+        keys.len(),
+        owners.len()
+    );
+    // One call per lock and period would be 600 a period; one per slot is 30.
+    assert!(
+        (calls as f64) < periods * 150.0,
+        "{calls} script calls in {periods:.1} periods"
+    );
+    for g in guards {
+        g.release().await.expect("release");
+    }
+    locker.idle().await;
+}

@@ -919,3 +919,74 @@ fn the_table_names_are_the_librarys() {
         ]
     );
 }
+
+/// The batched refresh (`lua/refresh.lua`), one lock per state in one call: a lock taken free
+/// is refreshed (lock and fence counter), every other state is left untouched for `EXTEND`, a
+/// lock of another token or none is "not held", a vanished fence counter is left for `EXTEND`
+/// to restart.
+#[tokio::test]
+async fn the_batched_refresh_does_extends_fast_path_and_leaves_the_rest_alone() {
+    let server = RedisServer::start();
+    let c = server.client().await;
+    // (key, lock value or none, fence counter or none) and the code expected.
+    let rows: [(&str, Option<&str>, Option<&str>, i64); 7] = [
+        ("free", Some("pT"), Some("7"), 1),
+        ("queued", Some("qT"), Some("7 q"), 6),
+        ("handed", Some("hT"), Some("7 q"), 6),
+        ("granted", Some("gT"), Some("7 q aaaaaaaaaaaa"), 6),
+        ("other", Some("pU"), Some("7"), 0),
+        ("gone", None, Some("7"), 0),
+        ("no-fence", Some("pT"), None, 6),
+    ];
+    let mut keys = Vec::new();
+    let mut argv = vec!["3600000".to_owned()];
+    for (key, lock, fence, _) in rows {
+        let (l, f) = (lock_key(key), fence_key(key));
+        if let Some(v) = lock {
+            let _: () = c
+                .set(&l, v, Some(Expiration::PX(1_000)), None, false)
+                .await
+                .expect("SET");
+        }
+        if let Some(v) = fence {
+            let _: () = c
+                .set(&f, v, Some(Expiration::PX(1_000)), None, false)
+                .await
+                .expect("SET");
+        }
+        keys.extend([l, f]);
+        argv.extend(["T".to_owned(), "30000".to_owned()]);
+    }
+    let reply: Vec<i64> = c.eval(scripts::REFRESH, keys, argv).await.expect("REFRESH");
+    assert_eq!(reply, rows.map(|r| r.3).to_vec());
+    for (key, lock, fence, code) in rows {
+        let lock_ttl: i64 = c.pttl(lock_key(key)).await.expect("PTTL");
+        let fence_ttl: i64 = c.pttl(fence_key(key)).await.expect("PTTL");
+        if code == 1 {
+            assert!(
+                (29_000..=30_000).contains(&lock_ttl),
+                "{key}: lock PTTL {lock_ttl}"
+            );
+            assert!(fence_ttl > 3_600_000, "{key}: fence PTTL {fence_ttl}");
+        } else {
+            // Untouched: the PX set above, or absent.
+            let expect = |present: bool, ttl: i64| {
+                if present {
+                    (0..=1_000).contains(&ttl)
+                } else {
+                    ttl == -2
+                }
+            };
+            assert!(
+                expect(lock.is_some(), lock_ttl),
+                "{key}: lock PTTL {lock_ttl}"
+            );
+            assert!(
+                expect(fence.is_some(), fence_ttl),
+                "{key}: fence PTTL {fence_ttl}"
+            );
+        }
+        let v: Option<String> = c.get(lock_key(key)).await.expect("GET");
+        assert_eq!(v.as_deref(), lock, "{key}: the value is never changed");
+    }
+}

@@ -1,6 +1,7 @@
 //! A held lock.
 
-use super::lease::{Hold, Lease, Refresher};
+use super::lease::{Hold, Lease};
+use super::refresh::Held;
 use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
 use crate::options::{check_ttl, Refresh};
@@ -11,9 +12,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The running keep-alive task of one guard.
+/// One guard's keep-alive: its place in the locker's refresher (`None`: nothing refreshes it,
+/// as outside a tokio runtime or once lost), and its loss token.
 struct Task {
-    stop: CancellationToken,
+    id: Option<u64>,
     lost: CancellationToken,
 }
 
@@ -139,13 +141,14 @@ impl LockGuard {
         let lease = Arc::clone(&self.lease);
         let _turn = lease.turn().await;
         let sent_at = lease.sending(ttl, true);
-        if self
+        self.touch();
+        let extended = self
             .engine
             .extend_on(client, &call, self.engine.command_timeout)
-            .await?
-            != Extended::NotHeld
-        {
+            .await?;
+        if extended != Extended::NotHeld {
             lease.renewed(sent_at, ttl);
+            self.touch();
             Ok(())
         } else {
             if self.loss().is_none() {
@@ -155,6 +158,7 @@ impl LockGuard {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             self.lease.mark_lost(LossReason::TokenGone);
+            self.stop_task();
             if let Some(t) = &self.task {
                 t.lost.cancel();
             }
@@ -286,32 +290,40 @@ impl LockGuard {
             return t.lost.clone();
         }
         let lost = CancellationToken::new();
-        let stop = CancellationToken::new();
-        if self.loss().is_some() {
+        let id = if self.loss().is_some() {
             lost.cancel();
+            None
         } else {
-            Refresher {
-                engine: Arc::downgrade(&self.engine),
-                names: self.names.clone(),
-                token: self.token.clone(),
-                pid: self.pid.clone(),
-                lease: Arc::clone(&self.lease),
-                refresh: self.refresh,
-                stop: stop.clone(),
-                lost: lost.clone(),
-            }
-            .spawn(&self.engine);
-        }
+            self.engine.refresher.add(
+                &self.engine,
+                Held {
+                    names: self.names.clone(),
+                    token: self.token.clone(),
+                    pid: self.pid.clone(),
+                    lease: Arc::clone(&self.lease),
+                    refresh: self.refresh,
+                    lost: lost.clone(),
+                },
+            )
+        };
         self.task = Some(Task {
-            stop,
+            id,
             lost: lost.clone(),
         });
         lost
     }
 
+    /// Leaves the refresher: nothing is sent for this guard after this.
     fn stop_task(&mut self) {
-        if let Some(t) = &self.task {
-            t.stop.cancel();
+        if let Some(id) = self.task.as_mut().and_then(|t| t.id.take()) {
+            self.engine.refresher.remove(id);
+        }
+    }
+
+    /// The lease changed under this guard's own call: the refresher reads its times again.
+    fn touch(&self) {
+        if let Some(id) = self.task.as_ref().and_then(|t| t.id) {
+            self.engine.refresher.touch(id);
         }
     }
 

@@ -1,15 +1,9 @@
-//! What a holder knows of its lease, and the task that refreshes it.
+//! What a holder knows of its lease (`super::refresh` keeps it alive).
 
 use crate::error::LossReason;
-use crate::keys::Names;
-use crate::options::Refresh;
-use crate::redis::scripts::Call;
-use crate::redis::{Engine, Extended};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::time::{sleep_until, Instant};
-use tokio_util::sync::CancellationToken;
+use tokio::time::Instant;
 
 /// The drift margin of a lease of `px`: 1% of it (clocks that run at slightly different rates,
 /// as Redlock's clock-drift factor) plus 2 ms (a timer that fires late on a busy host).
@@ -68,7 +62,7 @@ impl LeaseState {
     }
 }
 
-/// Shared by a guard and its background task.
+/// Shared by a guard and the locker's refresher.
 ///
 /// **The rule.** A guard's validity never exceeds what Redis was last told for its token. The
 /// calls that set the lease (the keep-alive's refreshes and `LockGuard::extend`, with any TTL,
@@ -80,9 +74,7 @@ impl LeaseState {
 pub(crate) struct Lease {
     state: Mutex<LeaseState>,
     /// One lease-setting call at a time.
-    turn: tokio::sync::Mutex<()>,
-    /// Bumped whenever the validity changes (the refresher sleeps until it, or a change).
-    changed: tokio::sync::watch::Sender<()>,
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Lease {
@@ -96,8 +88,7 @@ impl Lease {
                 valid_until: hold.valid_until,
                 lost: None,
             }),
-            turn: tokio::sync::Mutex::new(()),
-            changed: tokio::sync::watch::Sender::new(()),
+            turn: Arc::default(),
         }
     }
 
@@ -112,6 +103,11 @@ impl Lease {
         self.turn.lock().await
     }
 
+    /// The turn, if no call holds it now (a batched refresh does not wait for it).
+    pub(crate) fn try_turn(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        Arc::clone(&self.turn).try_lock_owned().ok()
+    }
+
     /// A call that sets the lease to `ttl` is sent now (with the turn held): until Redis
     /// confirms it, the validity is cut to what it would give. With `new_ttl` (a user's
     /// `extend`), later refreshes set `ttl` too. Returns the send time.
@@ -123,13 +119,7 @@ impl Lease {
         }
         let d = validity_deadline(sent_at, ttl);
         s.pending = Some(s.pending.map_or(d, |p| p.min(d)));
-        let before = s.valid_until;
         s.settle();
-        let moved = s.valid_until != before;
-        drop(s);
-        if moved {
-            self.changed.send_replace(());
-        }
         sent_at
     }
 
@@ -144,8 +134,6 @@ impl Lease {
         s.confirmed = validity_deadline(sent_at, ttl);
         s.pending = None;
         s.settle();
-        drop(s);
-        self.changed.send_replace(());
     }
 
     /// The lock is judged lost: its validity ends now (if it had not ended), for good.
@@ -154,161 +142,10 @@ impl Lease {
         s.lost.get_or_insert(reason);
         s.confirmed = s.confirmed.min(Instant::now());
         s.settle();
-        drop(s);
-        self.changed.send_replace(());
-    }
-
-    /// A receiver that sees every later change of the validity.
-    fn watch(&self) -> tokio::sync::watch::Receiver<()> {
-        self.changed.subscribe()
-    }
-
-    /// When the next refresh is due: its ratio of the TTL after the last one; `None` when
-    /// nothing needs sending.
-    fn next_refresh(&self, refresh: Refresh) -> Option<Instant> {
-        let s = self.lock();
-        refresh.ratio().map(|ratio| s.since + s.ttl.mul_f64(ratio))
     }
 }
 
-/// Refreshes a lease in the background, and judges it lost when it is.
-pub(crate) struct Refresher {
-    pub(crate) engine: Weak<Engine>,
-    pub(crate) names: Names,
-    pub(crate) token: String,
-    pub(crate) lease: Arc<Lease>,
-    /// The locker's process id (a queued locker's), for the scripts' records.
-    pub(crate) pid: String,
-    pub(crate) refresh: Refresh,
-    pub(crate) stop: CancellationToken,
-    pub(crate) lost: CancellationToken,
-}
-
-impl Refresher {
-    /// Starts the task if a tokio runtime is there (counted in the locker's tasks).
-    pub(crate) fn spawn(self, engine: &Arc<Engine>) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let ticket = engine.tasks.ticket();
-                handle.spawn(async move {
-                    let _ticket = ticket;
-                    self.run().await
-                });
-            }
-            Err(_) => {
-                tracing::warn!(key = %self.names.key, "no tokio runtime: nothing refreshes the lock")
-            }
-        }
-    }
-
-    fn lose(&self, reason: LossReason) {
-        if let Some(engine) = self.engine.upgrade() {
-            engine.meter.locks_lost.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::lost(engine.meter.subject(&self.names.key), reason);
-        }
-        self.lease.mark_lost(reason);
-        self.lost.cancel();
-        tracing::warn!(key = %self.names.key, %reason, "lock lost");
-    }
-
-    async fn run(self) {
-        let mut retry_at: Option<Instant> = None;
-        let mut changes = self.lease.watch();
-        loop {
-            changes.borrow_and_update();
-            let valid_until = self.lease.lock().valid_until;
-            let next = retry_at.or_else(|| self.lease.next_refresh(self.refresh));
-            let refreshing = next.is_some();
-            tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return,
-                // The validity moved (a user's `extend`, shorter or longer): judge it again.
-                _ = changes.changed() => continue,
-                _ = sleep_until(valid_until) => {
-                    if self.lease.lock().valid_until > Instant::now() {
-                        continue; // extended meanwhile by `LockGuard::extend`
-                    }
-                    self.lose(if self.refresh == Refresh::Off { LossReason::TtlElapsed } else { LossReason::Unreachable });
-                    return;
-                }
-                _ = sleep_until(next.unwrap_or(valid_until)), if refreshing => {}
-            }
-            let Some(engine) = self.engine.upgrade() else {
-                return;
-            };
-            // One lease-setting call at a time (see `Lease`): a user's `extend` may be in
-            // flight. The TTL is read once the turn is ours: the latest `extend`'s.
-            let turn = tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return,
-                t = self.lease.turn() => t,
-            };
-            let ttl = self.lease.lock().ttl;
-            let sent_at = self.lease.sending(ttl, false);
-            let valid_until = self.lease.lock().valid_until;
-            let limit = engine
-                .command_timeout
-                .min(valid_until.saturating_duration_since(sent_at))
-                .max(Duration::from_millis(1));
-            let call = Call {
-                ttl_ms: ttl.as_millis() as u64,
-                pid: &self.pid,
-                ..Call::new(&self.names, &self.token)
-            };
-            let client = engine.backend.client_for(&self.token);
-            let span = tracing::debug_span!(
-                "refresh",
-                key = %self.names.key,
-                outcome = tracing::field::Empty
-            );
-            let result = tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => return,
-                r = tracing::Instrument::instrument(engine.extend_on(client, &call, limit), span.clone()) => r,
-            };
-            span.record(
-                "outcome",
-                match &result {
-                    Ok(Extended::NotHeld) => "not held",
-                    Ok(_) => "refreshed",
-                    Err(_) => "failed",
-                },
-            );
-            drop(engine);
-            match result {
-                Ok(Extended::Renewed { .. } | Extended::Confirmed { .. }) => {
-                    tracing::debug!(key = %self.names.key, "refreshed");
-                    self.lease.renewed(sent_at, ttl);
-                    retry_at = None;
-                }
-                Ok(Extended::NotHeld) => {
-                    self.lose(LossReason::TokenGone);
-                    return;
-                }
-                Err(crate::error::Error::NotReplicated { .. }) => {
-                    self.lose(LossReason::NotReplicated);
-                    return;
-                }
-                Err(e) => {
-                    if let Some(engine) = self.engine.upgrade() {
-                        crate::metrics::refresh_failed(engine.meter.subject(&self.names.key));
-                    }
-                    let left = self
-                        .lease
-                        .lock()
-                        .valid_until
-                        .saturating_duration_since(Instant::now());
-                    let retry = (left / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
-                    tracing::warn!(key = %self.names.key, error = %e, ?retry, "refresh failed; retrying");
-                    retry_at = Some(Instant::now() + retry);
-                }
-            }
-            drop(turn);
-        }
-    }
-}
-
-/// The lease rules and the refresher's deadline on a paused clock, without Redis.
+/// The lease rules on a paused clock, without Redis.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,12 +190,6 @@ mod tests {
         assert_eq!(lease.lock().valid_until, t0 + MS * 607);
         lease.renewed(sent, MS * 5000);
         assert_eq!(lease.lock().valid_until, t0 + MS * 5458);
-        // The next refresh is due `ratio` of the TTL after the last one; none with refresh off.
-        assert_eq!(lease.next_refresh(Refresh::Off), None);
-        assert_eq!(
-            lease.next_refresh(Refresh::Every(0.5)),
-            Some(t0 + MS * 3010)
-        );
         // Once lost, its validity has ended and is never renewed again; the first reason
         // stays.
         lease.mark_lost(LossReason::TokenGone);
@@ -407,89 +238,5 @@ mod tests {
         let released_at = Instant::now();
         drop(first);
         assert_eq!(second.await.expect("joins"), released_at);
-    }
-
-    fn refresher(refresh: Refresh, hold: &Hold) -> (Refresher, Arc<Lease>, CancellationToken) {
-        let lease = Arc::new(Lease::new(MS * 1000, hold));
-        let lost = CancellationToken::new();
-        let r = Refresher {
-            engine: Weak::new(),
-            names: Names::new("waitlock:", "k").expect("valid key"),
-            token: "t".into(),
-            lease: Arc::clone(&lease),
-            pid: String::new(),
-            refresh,
-            stop: CancellationToken::new(),
-            lost: lost.clone(),
-        };
-        (r, lease, lost)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn with_refresh_off_the_token_fires_at_the_validity_deadline_exactly() {
-        let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, lease, lost) = refresher(Refresh::Off, &hold);
-        let task = tokio::spawn(r.run());
-        lost.cancelled().await;
-        assert_eq!(Instant::now(), hold.valid_until, "not a tick early or late");
-        assert_eq!(lease.lock().lost, Some(LossReason::TtlElapsed));
-        task.await.expect("the refresher ends");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_extend_meanwhile_moves_the_deadline() {
-        let t0 = Instant::now();
-        let hold = Hold::sent(1, t0, MS * 1000);
-        let (r, lease, lost) = refresher(Refresh::Off, &hold);
-        let task = tokio::spawn(r.run());
-        tokio::time::advance(MS * 900).await;
-        let sent = lease.sending(MS * 1000, true);
-        lease.renewed(sent, MS * 1000);
-        lost.cancelled().await;
-        assert_eq!(Instant::now(), t0 + MS * 1888);
-        task.await.expect("the refresher ends");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_shorter_extend_meanwhile_brings_the_loss_forward() {
-        let t0 = Instant::now();
-        let hold = Hold::sent(1, t0, MS * 1000);
-        let (r, lease, lost) = refresher(Refresh::Off, &hold);
-        let task = tokio::spawn(r.run());
-        tokio::time::advance(MS * 100).await;
-        let sent = lease.sending(MS * 200, true);
-        lease.renewed(sent, MS * 200);
-        lost.cancelled().await;
-        assert_eq!(
-            Instant::now(),
-            t0 + MS * 296,
-            "100 + 200 - 4: not at the old 988"
-        );
-        assert_eq!(lease.lock().lost, Some(LossReason::TtlElapsed));
-        task.await.expect("the refresher ends");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_refresher_whose_locker_is_gone_stops_without_judging_the_lock() {
-        let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, lease, lost) = refresher(Refresh::Every(0.5), &hold);
-        // Due at 500 ms; the locker (the Weak) is gone, so it ends there, and says nothing.
-        tokio::spawn(r.run()).await.expect("the refresher ends");
-        assert!(!lost.is_cancelled());
-        assert_eq!(lease.lock().lost, None);
-        assert!(Instant::now() < hold.valid_until);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn stopping_ends_the_refresher_at_once() {
-        let hold = Hold::sent(1, Instant::now(), MS * 1000);
-        let (r, _lease, lost) = refresher(Refresh::Off, &hold);
-        let stop = r.stop.clone();
-        let t = Instant::now();
-        let task = tokio::spawn(r.run());
-        stop.cancel();
-        task.await.expect("the refresher ends");
-        assert_eq!(Instant::now(), t);
-        assert!(!lost.is_cancelled());
     }
 }

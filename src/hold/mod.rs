@@ -2,4 +2,5 @@
 
 pub(crate) mod guard;
 pub(crate) mod lease;
+pub(crate) mod refresh;
 pub(crate) mod run;

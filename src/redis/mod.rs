@@ -47,20 +47,32 @@ impl Backend {
     /// (fred sends it once it can, or again after a reconnect) then still runs before the
     /// token's later calls, never after them: a stale release cannot hit a later acquisition.
     pub(crate) fn client_for(&self, token: &str) -> &Client {
+        self.client_at(self.index_for(token))
+    }
+
+    /// Which of the pool's clients is `token`'s (0 for a single client): see
+    /// [`client_for`](Self::client_for).
+    pub(crate) fn index_for(&self, token: &str) -> usize {
         match self {
-            Backend::Client(c) => c,
+            Backend::Client(_) => 0,
             Backend::Pool(p) => {
-                let clients = p.clients();
-                if clients.is_empty() {
-                    return p.next();
-                }
+                let n = p.clients().len().max(1) as u64;
                 // FNV-1a: stable, cheap, spreads tokens over the pool.
                 let mut h: u64 = 0xcbf2_9ce4_8422_2325;
                 for b in token.bytes() {
                     h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
                 }
-                &clients[(h % clients.len() as u64) as usize]
+                (h % n) as usize
             }
+        }
+    }
+
+    /// The client at `index` (see [`index_for`](Self::index_for)); a pool without clients
+    /// hands out its next.
+    pub(crate) fn client_at(&self, index: usize) -> &Client {
+        match self {
+            Backend::Client(c) => c,
+            Backend::Pool(p) => p.clients().get(index).unwrap_or_else(|| p.next()),
         }
     }
 }
@@ -103,6 +115,8 @@ pub(crate) struct Engine {
     pub(crate) last_forced_reconnect: std::sync::atomic::AtomicU64,
     /// Tasks that follow the sentinels (stopped when the engine goes).
     pub(crate) watchers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Keeps every guard's lease alive that asked for it (`LockGuard::keep_alive`).
+    pub(crate) refresher: Arc<crate::hold::refresh::Refreshing>,
     scripts: Scripts,
 }
 
@@ -125,6 +139,7 @@ impl Engine {
             switched: tokio::sync::broadcast::Sender::new(4),
             last_forced_reconnect: std::sync::atomic::AtomicU64::new(0),
             watchers: std::sync::Mutex::default(),
+            refresher: Arc::default(),
             scripts: Scripts::new(),
         }
     }

@@ -169,6 +169,8 @@ pub(crate) mod reply {
     pub(crate) const HANDED_OVER: i64 = 2;
     /// acquire (permits): the key has another number of permits while in use (with it).
     pub(crate) const OTHER_LIMIT: i64 = 5;
+    /// refresh (batched): this lock was left untouched; refresh it with extend alone.
+    pub(crate) const ALONE: i64 = 6;
 }
 
 #[cfg(test)]

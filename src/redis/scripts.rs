@@ -41,6 +41,9 @@ pub(crate) const LEAVE: &str = lua!("lua/leave.lua");
 /// Status: read only.
 pub(crate) const STATUS: &str = lua!("lua/status.lua");
 
+/// Refresh many locks taken free in one call (on its own: see the script).
+pub(crate) const REFRESH: &str = include_str!("lua/refresh.lua");
+
 /// A permit script: the queue layer, the semaphore's leases, the script.
 macro_rules! permits_lua {
     ($file:literal) => {
@@ -112,6 +115,17 @@ pub(crate) enum Extended {
     Confirmed { fence: u64 },
 }
 
+/// What a batched refresh did to one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batched {
+    /// The token does not hold the lock; nothing changed.
+    NotHeld,
+    /// The TTL is set again.
+    Renewed,
+    /// Untouched: refresh it with the extend script.
+    Alone,
+}
+
 /// What leaving the queue did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Left {
@@ -181,6 +195,7 @@ pub(crate) struct Set {
 pub(crate) struct Scripts {
     lock: Set,
     permits: Set,
+    refresh: Lua,
 }
 
 impl Scripts {
@@ -200,6 +215,7 @@ impl Scripts {
                 leave: Lua::new(Op::LeaveQueue, PERMIT_LEAVE),
                 status: Lua::new(Op::Status, PERMIT_STATUS),
             },
+            refresh: Lua::new(Op::Extend, REFRESH),
         }
     }
 
@@ -299,7 +315,7 @@ impl Engine {
         limit: Duration,
         how: Via,
     ) -> Result<R> {
-        let (script, op, names) = (&lua.script, lua.op, c.names);
+        let names = c.names;
         let mut keys = vec![
             names.lock.clone(),
             names.fence(),
@@ -309,7 +325,23 @@ impl Engine {
         if let Kind::Permits { .. } = names.kind {
             keys.push(names.holder_fences());
         }
-        let args = self.argv(c);
+        self.eval_with(client, lua, names, keys, self.argv(c), limit, how)
+            .await
+    }
+
+    /// [`eval`](Self::eval) with its own `KEYS` and `ARGV`; errors name `names`' key.
+    #[allow(clippy::too_many_arguments)]
+    async fn eval_with<R: FromValue>(
+        &self,
+        client: &Client,
+        lua: &Lua,
+        names: &Names,
+        keys: Vec<String>,
+        args: Vec<String>,
+        limit: Duration,
+        how: Via,
+    ) -> Result<R> {
+        let (script, op) = (&lua.script, lua.op);
         // Boxed: fred's call state is several KiB, and an unboxed future would make every
         // future that awaits it (a waiter, a task holding a guard until `release`) that large
         // for its whole life. One allocation per network round trip is noise.
@@ -469,6 +501,56 @@ impl Engine {
         };
         self.replicated(client, c.names).await?;
         Ok(extended)
+    }
+
+    /// Refreshes many locks taken free (`lua/refresh.lua`) in one call on `client`: all of
+    /// them in one Cluster slot, `(names, token, ttl ms)` each. One answer per lock, in order;
+    /// [`Batched::Alone`] for a lock this call left untouched (a queue formed behind it, or its
+    /// fence counter is gone), which [`extend_on`](Self::extend_on) refreshes. Errors name
+    /// the first lock's key. Idempotent, so cancel safe.
+    pub(crate) async fn refresh_many_on(
+        &self,
+        client: &Client,
+        locks: &[(&Names, &str, u64)],
+        limit: Duration,
+    ) -> Result<Vec<Batched>> {
+        let Some(first) = locks.first().map(|l| l.0) else {
+            return Ok(Vec::new());
+        };
+        let mut keys = Vec::with_capacity(locks.len() * 2);
+        let mut args = Vec::with_capacity(locks.len() * 2 + 1);
+        args.push(ms(self.retention).to_string());
+        for (names, token, ttl_ms) in locks {
+            keys.push(names.lock.clone());
+            keys.push(names.fence());
+            args.push((*token).to_owned());
+            args.push(ttl_ms.to_string());
+        }
+        let reply: Vec<i64> = self
+            .eval_with(
+                client,
+                &self.scripts.refresh,
+                first,
+                keys,
+                args,
+                limit,
+                Via::Sha,
+            )
+            .await?;
+        if reply.len() != locks.len() {
+            return Err(unexpected(first, Op::Extend, &reply));
+        }
+        let batched = reply
+            .iter()
+            .map(|code| match *code {
+                reply::NOT_HELD => Ok(Batched::NotHeld),
+                reply::DONE => Ok(Batched::Renewed),
+                reply::ALONE => Ok(Batched::Alone),
+                _ => Err(unexpected(first, Op::Extend, &reply)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.replicated(client, first).await?;
+        Ok(batched)
     }
 
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until

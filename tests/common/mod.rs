@@ -1,10 +1,12 @@
 //! Shared test fixture: a private `redis-server` per test on a free port, plus helpers.
 #![allow(dead_code)]
 
+pub mod alloc;
 pub mod cluster;
 pub mod runner;
 pub mod scripts;
 pub mod sentinel;
+pub mod server_info;
 pub mod worker;
 
 use fred::prelude::*;
