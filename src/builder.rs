@@ -72,7 +72,33 @@ pub(crate) fn default_settings() -> Settings {
         retention: DEFAULT_RETENTION,
         replicas: None,
         metrics_key_label: false,
+        label: None,
     }
+}
+
+/// Labels longer than this are refused.
+pub const MAX_LABEL_LEN: usize = 256;
+
+/// The default label of a locker: `<host>:<pid>:<program>`, each cut short (host name from
+/// the kernel or `$HOSTNAME`, the OS process id, the executable's file name).
+pub fn default_label() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "?".into());
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "?".into());
+    let short = |s: &str, n: usize| s.chars().take(n).collect::<String>();
+    format!(
+        "{}:{}:{}",
+        short(&host, 40),
+        std::process::id(),
+        short(&program, 40)
+    )
 }
 
 impl<S> LockerBuilder<S> {
@@ -135,6 +161,18 @@ impl<S> LockerBuilder<S> {
         self
     }
 
+    /// The name operators see for this locker's process in [`Locker::status`] and
+    /// `waitlock status` (as the holder, and beside each of its waiters): any text up to
+    /// [`MAX_LABEL_LEN`] bytes (shown escaped). Defaults to [`default_label`]
+    /// (`<host>:<pid>:<program>`). A queued locker stores it once, in a key of its own
+    /// (`{<prefix>labels}:<process id>`, kept for the retention and written again every third
+    /// of it), never on an acquisition's path; a polling locker's tokens name no process, so its
+    /// holders are shown by token only.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.settings.label = Some(label.into());
+        self
+    }
+
     /// Requires `replicas` replicas to acknowledge every acquisition, confirmation of a grant
     /// and refresh (Redis `WAIT`, up to `timeout`) before it counts: an acquisition too few
     /// acknowledged is released and fails with [`Error::NotReplicated`]; such a refresh is a
@@ -184,6 +222,15 @@ impl<S> LockerBuilder<S> {
                 s.retention,
                 "must be between 1 s and 30 days",
             ));
+        }
+        if let Some(label) = &s.label {
+            if label.len() > MAX_LABEL_LEN {
+                return Err(Error::invalid_setting(
+                    "label",
+                    format!("<{} bytes>", label.len()),
+                    "must be at most 256 bytes",
+                ));
+            }
         }
         if let Some((n, timeout)) = s.replicas {
             if n == 0 || timeout.is_zero() {

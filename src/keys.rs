@@ -8,6 +8,12 @@
 
 use crate::error::{Error, Result};
 
+/// The Redis name of a process's label (`LockerBuilder::label`): `{<prefix>labels}:<pid>`,
+/// every process's in one hash slot, so one `MGET` reads them all.
+pub(crate) fn label_key(prefix: &str, pid: &str) -> String {
+    format!("{{{prefix}labels}}:{pid}")
+}
+
 /// Keys longer than this are refused.
 pub(crate) const MAX_KEY_LEN: usize = 16 * 1024;
 

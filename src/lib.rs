@@ -18,8 +18,8 @@ mod tasks;
 mod wait;
 
 pub use builder::{
-    LockerBuilder, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
+    default_label, LockerBuilder, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION, MAX_LABEL_LEN,
 };
 pub use error::{ConnectStep, Error, LossReason, Op, Result};
 pub use hold::guard::LockGuard;
@@ -31,7 +31,7 @@ pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
 pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
 pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
-pub use status::LockStatus;
+pub use status::{Holder, LockStatus, Waiter, STATUS_WAITERS};
 pub use strategy::{Poll, Queue};
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with

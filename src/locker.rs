@@ -176,7 +176,8 @@ impl<S: Strategy> Locker<S> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.engine, key, opts, "");
+        let req = Request::new(&self.engine, key, opts, "")
+            .map(|r| r.token_of(self.strategy.process_id()));
         wait::acquire(&self.engine, key, req).await
     }
 
@@ -270,8 +271,12 @@ impl<S: Strategy> Locker<S> {
         self.engine.meter.snapshot(self.strategy.wakes())
     }
 
-    /// What Redis holds for `key` now: held or not, the remaining TTL, the last fence, and
-    /// how many waiters are queued (queued lockers' waiters; polling waiters do not queue).
+    /// What Redis holds for `key` now: held or not, the remaining TTL, the last fence, how
+    /// many waiters are queued (queued lockers' waiters; polling waiters do not queue), who
+    /// holds it (its token; for a queued locker's holder, its process and label, and how long
+    /// it has held) and the first [`STATUS_WAITERS`](crate::STATUS_WAITERS) waiters in queue
+    /// order (process, label, how long each has waited). Two calls: one script, and one `MGET`
+    /// of the labels when a process is named.
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::WrongType`], [`Error::Timeout`] or
     /// [`Error::Redis`].
@@ -280,8 +285,17 @@ impl<S: Strategy> Locker<S> {
     /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<LockStatus> {
         let names = self.engine.names(key)?;
-        let raw = self.engine.status(&names).await?;
-        Ok(LockStatus::from_raw(&raw))
+        let raw = self
+            .engine
+            .status(&names, crate::status::STATUS_WAITERS as u32)
+            .await?;
+        let pids = LockStatus::pids(&raw);
+        let labels = self.engine.labels(&pids).await?;
+        let label = |pid: &str| {
+            let i = pids.iter().position(|p| p == pid)?;
+            labels.get(i).cloned().flatten()
+        };
+        Ok(LockStatus::from_raw(&raw, label))
     }
 
     /// Token-level: one attempt to take `key` for `token` with `ttl` (never jumping a queue of

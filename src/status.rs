@@ -3,6 +3,10 @@
 use crate::redis::scripts::RawStatus;
 use std::time::Duration;
 
+/// How many waiters [`Locker::status`](crate::Locker::status) lists, at most (the first, in
+/// queue order).
+pub const STATUS_WAITERS: usize = 10;
+
 /// A snapshot of one lock in Redis (see [`Locker::status`](crate::Locker::status)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -17,17 +21,157 @@ pub struct LockStatus {
     pub queued: usize,
     /// The holder got the lock from a grant it has not confirmed yet (its claim window runs).
     pub granted_unconfirmed: bool,
+    /// Who holds it, when held.
+    pub holder: Option<Holder>,
+    /// The first waiters in queue order ([`STATUS_WAITERS`] at most; `queued` counts them
+    /// all). A waiter of a process that died stays listed until a release drops it.
+    pub waiters: Vec<Waiter>,
+}
+
+/// The holder of a lock, as [`LockStatus`] names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// Its token. Whoever has it can release the lock (`Locker::unlock`): show it to no one
+    /// who should not.
+    pub token: String,
+    /// The process id of a queued locker's holder (its tokens are `<process id>/<uuid>`);
+    /// `None` for a polling locker's or a caller's own token.
+    pub process_id: Option<String>,
+    /// That process's label (`LockerBuilder::label`), if it is recorded.
+    pub label: Option<String>,
+    /// How long it has held the lock, by Redis' clock (from the fence, which is Redis' time in
+    /// microseconds when it was taken; `None` when the fence is not a time of this clock).
+    pub held_for: Option<Duration>,
+}
+
+/// A queued waiter, as [`LockStatus`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Waiter {
+    /// Its process id.
+    pub process_id: String,
+    /// That process's label (`LockerBuilder::label`), if it is recorded.
+    pub label: Option<String>,
+    /// How long it has waited in the queue, by Redis' clock.
+    pub waited: Duration,
+    /// The TTL it asked for.
+    pub ttl: Duration,
+}
+
+/// The process id in a queued locker's token (`<12 hex digits>/<uuid>`).
+pub(crate) fn token_pid(token: &str) -> Option<&str> {
+    let (pid, rest) = token.split_once('/')?;
+    (pid.len() == 12 && pid.bytes().all(|b| b.is_ascii_hexdigit()) && !rest.is_empty())
+        .then_some(pid)
+}
+
+/// A queue member's process id and TTL (`"<pid> <ttl ms> <token>"`).
+fn member(m: &str) -> Option<(&str, u64)> {
+    let mut parts = m.splitn(3, ' ');
+    let pid = parts.next()?;
+    let ttl = parts.next()?.parse().ok()?;
+    parts.next()?;
+    Some((pid, ttl))
 }
 
 impl LockStatus {
-    pub(crate) fn from_raw(raw: &RawStatus) -> LockStatus {
+    /// The snapshot of `raw`; `label` names a process (`None` when not recorded).
+    pub(crate) fn from_raw(raw: &RawStatus, label: impl Fn(&str) -> Option<String>) -> LockStatus {
         let held = raw.state != 0;
+        let holder = raw.holder.as_ref().filter(|_| held).map(|token| {
+            let pid = token_pid(token).map(str::to_owned);
+            Holder {
+                label: pid.as_deref().and_then(&label),
+                process_id: pid,
+                token: token.clone(),
+                held_for: raw
+                    .now_us
+                    .checked_sub(raw.fence)
+                    .filter(|_| raw.fence > 0)
+                    .map(Duration::from_micros),
+            }
+        });
+        let waiters = raw
+            .waiters
+            .iter()
+            .filter_map(|(m, queued_at)| {
+                let (pid, ttl) = member(m)?;
+                Some(Waiter {
+                    label: label(pid),
+                    process_id: pid.to_owned(),
+                    waited: Duration::from_micros(raw.now_us.saturating_sub(*queued_at)),
+                    ttl: Duration::from_millis(ttl),
+                })
+            })
+            .collect();
         LockStatus {
             held,
             remaining_ttl: (held && raw.pttl >= 0).then(|| Duration::from_millis(raw.pttl as u64)),
             fence: (raw.fence > 0).then_some(raw.fence),
             queued: raw.queued as usize,
             granted_unconfirmed: raw.state == 2,
+            holder,
+            waiters,
         }
+    }
+
+    /// The process ids `from_raw` will ask labels for.
+    pub(crate) fn pids(raw: &RawStatus) -> Vec<String> {
+        let mut pids: Vec<String> = raw
+            .holder
+            .as_deref()
+            .and_then(token_pid)
+            .map(str::to_owned)
+            .into_iter()
+            .chain(
+                raw.waiters
+                    .iter()
+                    .filter_map(|(m, _)| member(m).map(|(pid, _)| pid.to_owned())),
+            )
+            .collect();
+        pids.sort();
+        pids.dedup();
+        pids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_names_the_holder_and_the_waiters_in_queue_order() {
+        let raw = RawStatus {
+            state: 1,
+            pttl: 900,
+            fence: 1_000_000,
+            queued: 3,
+            now_us: 3_500_000,
+            holder: Some("0123456789ab/3f2a".into()),
+            waiters: vec![
+                ("bbbbbbbbbbbb 30000 t1".into(), 2_000_000),
+                ("cccccccccccc 5000 t2".into(), 3_000_000),
+                ("malformed".into(), 3_100_000),
+            ],
+        };
+        assert_eq!(
+            LockStatus::pids(&raw),
+            ["0123456789ab", "bbbbbbbbbbbb", "cccccccccccc"]
+        );
+        let s = LockStatus::from_raw(&raw, |pid| {
+            (pid != "cccccccccccc").then(|| format!("L{pid}"))
+        });
+        let h = s.holder.expect("held");
+        assert_eq!(h.process_id.as_deref(), Some("0123456789ab"));
+        assert_eq!(h.label.as_deref(), Some("L0123456789ab"));
+        assert_eq!(h.held_for, Some(Duration::from_millis(2500)));
+        assert_eq!(s.waiters.len(), 2, "a malformed member is left out");
+        assert_eq!(s.waiters[0].waited, Duration::from_millis(1500));
+        assert_eq!(s.waiters[0].ttl, Duration::from_secs(30));
+        assert_eq!(s.waiters[1].label, None);
+        // A polling locker's token names no process.
+        assert_eq!(token_pid("3f2a9c1e-0000"), None);
+        assert_eq!(token_pid("0123456789ab/"), None);
     }
 }

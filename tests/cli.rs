@@ -591,7 +591,8 @@ fn status_reports_held_and_free_keys() {
     assert_eq!(
         never,
         serde_json::json!({"key": "never-used", "held": false, "remaining_ttl_ms": null,
-                           "fence": null, "queued": 0, "permits": null})
+                           "fence": null, "queued": 0, "holder": null, "waiters": [],
+                           "permits": null})
     );
 
     let mut holder = hold(&server, &dir, "report");
@@ -1315,4 +1316,83 @@ fn killed_and_frozen_permit_holders_free_their_permits_at_lease_end() {
     frozen.signal("-CONT");
     assert_eq!(frozen.wait().code(), Some(75), "{}", frozen.stderr());
     assert!(frozen.stderr().contains("lost"), "{}", frozen.stderr());
+}
+
+/// Issue 35: three `waitlock run` processes with labels (one with a quote, a newline and a
+/// control byte): `status` names the holder and the waiters in queue order with plausible ages,
+/// in the table (labels escaped) and in JSON (parsed back exactly), and never shows a token.
+#[test]
+fn status_names_the_holder_and_the_waiters_by_label_in_queue_order() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("labels");
+    let key = "who";
+    let odd = "night \"batch\"\n\u{7}x";
+    let mut holder = hold_with(&server, &dir, &["--label", "alpha"], key);
+    let queued = |n: u64| {
+        let deadline = Instant::now() + LIMIT;
+        while status_json(&server, &dir, key)["queued"].as_u64() != Some(n) {
+            assert!(Instant::now() < deadline, "never {n} queued");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let mut waiters = Vec::new();
+    for (i, label) in ["beta", odd].into_iter().enumerate() {
+        let mut c = waitlock(&server, &dir);
+        c.args(["run", "--wait", "30s", "--label", label, key, "--", "true"]);
+        waiters.push(Spawned::start(c, &dir, &format!("waiter{i}.err")));
+        queued(i as u64 + 1);
+        // The first waiter has waited longer than the second, visibly.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = status_json(&server, &dir, key);
+    assert_eq!(s["holder"]["label"], "alpha", "{s}");
+    assert!(
+        s["holder"]["process_id"]
+            .as_str()
+            .is_some_and(|p| p.len() == 12),
+        "{s}"
+    );
+    let held_for = s["holder"]["held_for_ms"].as_u64().expect("held for");
+    assert!(held_for < 60_000, "held for {held_for} ms");
+    let w = s["waiters"].as_array().expect("waiters");
+    assert_eq!(w.len(), 2, "{s}");
+    assert_eq!(w[0]["label"], "beta");
+    assert_eq!(w[1]["label"], odd, "the JSON carries the label exactly");
+    let (w0, w1) = (
+        w[0]["waited_ms"].as_u64().expect("ms"),
+        w[1]["waited_ms"].as_u64().expect("ms"),
+    );
+    assert!(w0 >= w1 + 40 && w0 < 60_000, "waited {w0} and {w1} ms");
+    assert!(
+        !s.to_string().contains(dir.read("token").trim()),
+        "a token was shown"
+    );
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", key]);
+    let human = String::from_utf8_lossy(&output(c).stdout).into_owned();
+    let lines: Vec<&str> = human.lines().collect();
+    assert!(lines.len() >= 4, "{human}");
+    assert!(
+        lines[1].trim_start().starts_with("holder") && lines[1].contains("alpha"),
+        "{human}"
+    );
+    assert!(
+        lines[2].contains("waiter 1") && lines[2].contains("beta"),
+        "{human}"
+    );
+    assert!(
+        lines[3].contains("waiter 2") && lines[3].contains(r#"night \"batch\"\n\u{7}x"#),
+        "the odd label is escaped on one line: {human}"
+    );
+    assert!(
+        !human.contains(dir.read("token").trim()),
+        "a token was shown"
+    );
+
+    fs::write(dir.path("go"), "").expect("go");
+    assert!(holder.wait().success(), "{}", holder.stderr());
+    for mut w in waiters {
+        assert!(w.wait().success(), "{}", w.stderr());
+    }
 }

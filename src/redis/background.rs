@@ -6,7 +6,7 @@
 //! a clean-up of a token always reaches Redis before that token's later calls, which go
 //! through the same client ([`Backend::client_for`](super::Backend::client_for)).
 
-use super::protocol::{self, LeaveFlag};
+use super::protocol::{self, Flag};
 use super::scripts::{Call, Via};
 use super::Engine;
 use crate::keys::Names;
@@ -94,7 +94,7 @@ impl Engine {
         token: String,
         member: String,
         pid: String,
-        flag: LeaveFlag,
+        flag: Flag,
     ) {
         let key = names.key.clone();
         self.spawn_cleanup(&key, move |engine| async move {
@@ -102,7 +102,7 @@ impl Engine {
             let c = Call {
                 member: &member,
                 pid: &pid,
-                leave: Some(flag),
+                flag: Some(flag),
                 ..Call::new(&names, &token)
             };
             // With the script's text: a NOSCRIPT retry would go out behind the token's later
@@ -135,7 +135,7 @@ impl Drop for ResidueGuard<'_> {
                 self.token.to_owned(),
                 String::new(),
                 String::new(),
-                LeaveFlag::GiveBack,
+                Flag::GiveBack,
             );
         }
     }
@@ -171,7 +171,7 @@ impl Drop for QueueResidue<'_> {
                 self.token.to_owned(),
                 self.member(),
                 self.pid.to_owned(),
-                LeaveFlag::GiveBack,
+                Flag::GiveBack,
             );
         }
     }

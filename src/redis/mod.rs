@@ -94,6 +94,8 @@ pub(crate) struct Settings {
     pub(crate) replicas: Option<(u32, Duration)>,
     /// Metrics carry the key as a label.
     pub(crate) metrics_key_label: bool,
+    /// The process's name for operators (`None`: the default label).
+    pub(crate) label: Option<String>,
 }
 
 /// What a locker is made of, shared by its clones, its guards and their background tasks.
@@ -106,6 +108,8 @@ pub(crate) struct Engine {
     pub(crate) presence_window: Duration,
     pub(crate) retention: Duration,
     pub(crate) replicas: Option<(u32, Duration)>,
+    /// The process's name for operators (see `LockerBuilder::label`).
+    pub(crate) label: String,
     pub(crate) tasks: Arc<TaskCounter>,
     /// Outcomes and wait times, for `stats()`.
     pub(crate) meter: Meter,
@@ -130,6 +134,7 @@ impl Engine {
             presence_window: s.presence_window,
             retention: s.retention,
             replicas: s.replicas,
+            label: s.label.unwrap_or_else(crate::builder::default_label),
             tasks: Arc::default(),
             meter: {
                 let m = Meter::default();

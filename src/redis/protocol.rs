@@ -126,23 +126,27 @@ impl<'a> Message<'a> {
     }
 }
 
-/// Leave flags: what a departing waiter does with a hold of its token.
+/// The flag argument of a script (and the fence argument it comes with): for leave, what a
+/// departing waiter does with a hold of its token; for status, the operators' view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeaveFlag {
-    /// Give back whatever the token holds (a departing or cancelled wait: any hold of its
+pub(crate) enum Flag {
+    /// Leave: give back whatever the token holds (a departing or cancelled wait: any hold of its
     /// token was made by this wait).
     GiveBack,
-    /// Give back only the grant with this fence (a grant that reached a process whose waiter
-    /// had gone; a newer grant to the same token is kept).
+    /// Leave: give back only the grant with this fence (a grant that reached a process whose
+    /// waiter had gone; a newer grant to the same token is kept).
     Orphan(u64),
+    /// Status: the operators' view, with the holder's token and the first this many waiters.
+    Listing(u32),
 }
 
-impl LeaveFlag {
-    /// The flag and fence arguments of `leave.lua`.
+impl Flag {
+    /// The flag and fence arguments of `leave.lua` and `status.lua`.
     pub(crate) fn args(self) -> (&'static str, String) {
         match self {
-            LeaveFlag::GiveBack => ("G", String::new()),
-            LeaveFlag::Orphan(fence) => ("o", fence.to_string()),
+            Flag::GiveBack => ("G", String::new()),
+            Flag::Orphan(fence) => ("o", fence.to_string()),
+            Flag::Listing(n) => ("w", n.to_string()),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! in `MONITOR`. `docs/design.md` explains the protocol;
 //! `super::protocol` names the formats.
 
-use super::protocol::{reply, LeaveFlag};
+use super::protocol::{reply, Flag};
 use super::{Client, Engine};
 use crate::error::{Error, Op, Result};
 use crate::keys::{Kind, Names};
@@ -147,12 +147,18 @@ pub(crate) enum Released {
 }
 
 /// What a status read found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct RawStatus {
     pub(crate) state: i64,
     pub(crate) pttl: i64,
     pub(crate) fence: u64,
     pub(crate) queued: u64,
+    /// Redis' clock when it ran (µs).
+    pub(crate) now_us: u64,
+    /// The holder's token, if held.
+    pub(crate) holder: Option<String>,
+    /// The first queue members and when each queued (Redis time, µs).
+    pub(crate) waiters: Vec<(String, u64)>,
 }
 
 /// What a permit status read found.
@@ -256,7 +262,7 @@ pub(crate) struct Call<'a> {
     pub(crate) member: &'a str,
     /// The calling process's id (a queued locker's), empty for others.
     pub(crate) pid: &'a str,
-    pub(crate) leave: Option<LeaveFlag>,
+    pub(crate) flag: Option<Flag>,
 }
 
 impl<'a> Call<'a> {
@@ -268,7 +274,7 @@ impl<'a> Call<'a> {
             ttl_ms: 1,
             member: "",
             pid: "",
-            leave: None,
+            flag: None,
         }
     }
 }
@@ -285,7 +291,7 @@ pub(crate) enum Via {
 impl Engine {
     fn argv(&self, c: &Call<'_>) -> Vec<String> {
         let retention = ms(self.retention);
-        let (flag, fence) = c.leave.map(LeaveFlag::args).unwrap_or(("", String::new()));
+        let (flag, fence) = c.flag.map(Flag::args).unwrap_or(("", String::new()));
         let mut argv = vec![
             c.token.to_owned(),
             c.ttl_ms.to_string(),
@@ -667,10 +673,14 @@ impl Engine {
         })
     }
 
-    /// The lock's state, read in one script call.
-    pub(crate) async fn status(&self, names: &Names) -> Result<RawStatus> {
-        let c = Call::new(names, "-");
-        let reply: Vec<i64> = self
+    /// The lock's state, the holder's token and the first `waiters` queue members (100 at
+    /// most), read in one script call.
+    pub(crate) async fn status(&self, names: &Names, waiters: u32) -> Result<RawStatus> {
+        let c = Call {
+            flag: Some(Flag::Listing(waiters)),
+            ..Call::new(names, "-")
+        };
+        let reply: Vec<Value> = self
             .eval(
                 self.backend.next_client(),
                 &self.scripts.lock.status,
@@ -679,15 +689,75 @@ impl Engine {
                 Via::Sha,
             )
             .await?;
-        match reply.as_slice() {
-            [state, pttl, fence, queued] => Ok(RawStatus {
-                state: *state,
-                pttl: *pttl,
-                fence: (*fence).max(0) as u64,
-                queued: (*queued).max(0) as u64,
-            }),
-            other => Err(unexpected(names, Op::Status, other)),
+        let malformed = || {
+            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
+            unexpected(names, Op::Status, &ints)
+        };
+        if reply.len() < 6 {
+            return Err(malformed());
         }
+        let (head, rest) = reply.split_at(6);
+        let int = |v: &Value| v.as_i64().ok_or_else(malformed);
+        let text = |v: &Value| {
+            v.as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .or_else(|| v.as_string())
+                .ok_or_else(malformed)
+        };
+        let holder = text(&head[5])?;
+        let mut waiters = Vec::with_capacity(rest.len() / 2);
+        for pair in rest.chunks_exact(2) {
+            let score = text(&pair[1])?.parse::<f64>().map_err(|_| malformed())?;
+            waiters.push((text(&pair[0])?, score.max(0.0) as u64));
+        }
+        Ok(RawStatus {
+            state: int(&head[0])?,
+            pttl: int(&head[1])?,
+            fence: int(&head[2])?.max(0) as u64,
+            queued: int(&head[3])?.max(0) as u64,
+            now_us: int(&head[4])?.max(0) as u64,
+            holder: (!holder.is_empty()).then_some(holder),
+            waiters,
+        })
+    }
+
+    /// The labels of the processes `pids` (`LockerBuilder::label`), in one `MGET` (every
+    /// label key is in one hash slot); a process whose label is not recorded is left out.
+    pub(crate) async fn labels(&self, pids: &[String]) -> Result<Vec<Option<String>>> {
+        if pids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = pids
+            .iter()
+            .map(|pid| crate::keys::label_key(&self.prefix, pid))
+            .collect();
+        let slot = fred::util::redis_keyslot(keys[0].as_bytes());
+        let mget = self.backend.next_client().custom::<Vec<Value>, String>(
+            fred::types::CustomCommand::new_static("MGET", Some(slot), false),
+            keys,
+        );
+        let failed = |source| Error::Redis {
+            key: pids.join(","),
+            op: Op::Status,
+            source,
+        };
+        let values = match tokio::time::timeout(self.command_timeout, Box::pin(mget)).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    key: pids.join(","),
+                    op: Op::Status,
+                    after: self.command_timeout,
+                })
+            }
+            Ok(r) => r.map_err(failed)?,
+        };
+        Ok(values
+            .iter()
+            .map(|v| {
+                v.as_bytes()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            })
+            .collect())
     }
 
     /// A permit key's state, read in one script call.

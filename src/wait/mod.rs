@@ -89,6 +89,17 @@ impl Request {
         })
     }
 
+    /// A token generated for this call names process `pid` (a queued locker's one attempt,
+    /// which does not queue: its holder is then named in `status`, and the scripts know the
+    /// holder's process as they do for a queued waiter's). The call itself still sends no
+    /// process id.
+    pub(crate) fn token_of(mut self, pid: &str) -> Request {
+        if self.own_token && !pid.is_empty() {
+            self.token = Arc::from(own_token(pid));
+        }
+        self
+    }
+
     /// A request for `weight` of the `limit` permits on `key` (a semaphore's or a read-write
     /// lock's). Its token is generated and says its weight: `w<weight>:<id>`.
     pub(crate) fn permits(

@@ -147,6 +147,11 @@ pub struct Conn {
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+
+    /// The name `waitlock status` shows for this process while it holds or waits (default:
+    /// <host>:<pid>:waitlock).
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
 }
 
 impl Conn {
@@ -242,9 +247,11 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub conn: Conn,
 
-    /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued",
-    /// "permits"}; "permits" is null, or {"kind": "rw_lock" or "semaphore", "permits",
-    /// "held", "holders", "queued", "first_lease_ends_in_ms", "fence"}.
+    /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued", "holder",
+    /// "waiters", "permits"}; "holder" is null or {"process_id", "label", "held_for_ms"} (never
+    /// the token); "waiters" lists the first 10 in queue order as {"process_id", "label",
+    /// "waited_ms", "ttl_ms"}; "permits" is null, or {"kind": "rw_lock" or "semaphore",
+    /// "permits", "held", "holders", "queued", "first_lease_ends_in_ms", "fence"}.
     #[arg(long)]
     pub json: bool,
 

@@ -62,10 +62,14 @@ fn init_tracing() {
 /// A polling locker: status and release send one command each and never wait.
 async fn locker(conn: &Conn) -> Result<Locker, Error> {
     tracing::debug!(url = %report::redact(&conn.url), "connecting");
-    Locker::connect_with(&conn.url, &conn.options())
+    let builder = Locker::connect_with(&conn.url, &conn.options())
         .await?
-        .prefix(conn.prefix.as_str())
-        .build()
+        .prefix(conn.prefix.as_str());
+    match &conn.label {
+        Some(label) => builder.label(label.as_str()),
+        None => builder,
+    }
+    .build()
 }
 
 /// `waitlock status`: the lock's line and, when the key has permits recorded, theirs; or one
@@ -94,6 +98,18 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
             "remaining_ttl_ms": status.remaining_ttl.map(millis),
             "fence": status.fence,
             "queued": status.queued,
+            // Never the token: whoever has it can release the lock.
+            "holder": status.holder.as_ref().map(|h| serde_json::json!({
+                "process_id": h.process_id,
+                "label": h.label,
+                "held_for_ms": h.held_for.map(millis),
+            })),
+            "waiters": status.waiters.iter().map(|w| serde_json::json!({
+                "process_id": w.process_id,
+                "label": w.label,
+                "waited_ms": millis(w.waited),
+                "ttl_ms": millis(w.ttl),
+            })).collect::<Vec<_>>(),
             "permits": permits_json(&permits),
         });
         println!("{json}");
@@ -119,10 +135,66 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
             status.queued
         );
     }
+    for line in people(&status) {
+        println!("{line}");
+    }
     if let Some(line) = permits_line(key, &permits) {
         println!("{line}");
     }
     0
+}
+
+/// `status`'s table of who holds and who waits, labels escaped (a label is any text):
+///
+/// ```text
+///   holder   build-7:4113:worker   held 12.0 s   process 0123456789ab
+///   waiter 1 build-8:977:worker    waited 3.2 s  process 89abcdef0123
+/// ```
+fn people(status: &waitlock::LockStatus) -> Vec<String> {
+    let shown = |label: &Option<String>, fallback: &str| match label {
+        Some(l) => l.escape_debug().to_string(),
+        None => fallback.to_owned(),
+    };
+    let mut rows: Vec<[String; 4]> = Vec::new();
+    if let Some(h) = &status.holder {
+        rows.push([
+            "holder".into(),
+            shown(&h.label, "(no label)"),
+            h.held_for
+                .map_or_else(|| "held".into(), |d| format!("held {}", secs(d))),
+            match &h.process_id {
+                Some(pid) => format!("process {pid}"),
+                // (Never the token: whoever has it can release the lock.)
+                None => "a polling locker or a caller's token".into(),
+            },
+        ]);
+    }
+    for (i, w) in status.waiters.iter().enumerate() {
+        rows.push([
+            format!("waiter {}", i + 1),
+            shown(&w.label, "(no label)"),
+            format!("waited {}", secs(w.waited)),
+            format!("process {}", w.process_id),
+        ]);
+    }
+    if status.queued > status.waiters.len() {
+        let more = status.queued - status.waiters.len();
+        rows.push([
+            String::new(),
+            format!("... {more} more queued"),
+            String::new(),
+            String::new(),
+        ]);
+    }
+    let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
+    let (w0, w1, w2) = (width(0), width(1), width(2));
+    rows.iter()
+        .map(|r| {
+            format!("  {:<w0$} {:<w1$} {:<w2$} {}", r[0], r[1], r[2], r[3])
+                .trim_end()
+                .to_owned()
+        })
+        .collect()
 }
 
 /// After a failed release: a note when the key has permits held, whose tokens `release` does

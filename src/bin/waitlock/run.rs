@@ -209,12 +209,13 @@ async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue
     };
     tracing::debug!(url = %report::redact(url), "connecting");
     let locker = async {
-        Locker::connect_with(url, &args.conn.options())
+        let mut builder = Locker::connect_with(url, &args.conn.options())
             .await?
-            .prefix(args.conn.prefix.as_str())
-            .queued()
-            .build()
-            .await
+            .prefix(args.conn.prefix.as_str());
+        if let Some(label) = &args.conn.label {
+            builder = builder.label(label.as_str());
+        }
+        builder.queued().build().await
     }
     .await
     .map_err(fail)?;

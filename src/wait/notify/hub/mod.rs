@@ -31,7 +31,7 @@ use tasks::{dispatch, housekeep, manage};
 use super::stats::{Counters, WakeReason};
 use crate::error::Result;
 use crate::keys::Names;
-use crate::redis::protocol::{self, LeaveFlag, Message};
+use crate::redis::protocol::{self, Flag, Message};
 use crate::redis::Engine;
 use fred::clients::SubscriberClient;
 use fred::interfaces::ClientLike;
@@ -63,6 +63,32 @@ pub(crate) struct Hub {
     pub(crate) counters: Counters,
     command_timeout: Duration,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Writes this process's label (`LockerBuilder::label`) for `status`: now, then every third of
+/// the retention (5 s after a failure), so it lives while the process does and the retention
+/// after. Off every acquisition's path: one command per third of the retention.
+async fn keep_label(engine: Weak<Engine>, pid: String) {
+    loop {
+        let Some(e) = engine.upgrade() else {
+            return;
+        };
+        let key = crate::keys::label_key(&e.prefix, &pid);
+        let px = e.retention.as_millis().max(1) as i64;
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        let set = e.backend.next_client().custom::<Value, Value>(
+            fred::types::CustomCommand::new_static("SET", Some(slot), false),
+            vec![key.into(), e.label.as_str().into(), "PX".into(), px.into()],
+        );
+        let written = tokio::time::timeout(e.command_timeout, Box::pin(set)).await;
+        let every = e.retention / 3;
+        drop(e);
+        let next = match written {
+            Ok(Ok(_)) => every,
+            _ => every.min(Duration::from_secs(5)),
+        };
+        tokio::time::sleep(next).await;
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,7 +125,8 @@ impl Hub {
         let manager = tokio::spawn(manage(Arc::downgrade(&hub), Arc::clone(&hub.manager_wake)));
         let dispatcher = tokio::spawn(dispatch(Arc::downgrade(&hub), events));
         let housekeeper = tokio::spawn(housekeep(Arc::downgrade(&hub)));
-        lock(&hub.tasks).extend([manager, dispatcher, housekeeper]);
+        let label = tokio::spawn(keep_label(hub.engine.clone(), hub.pid.clone()));
+        lock(&hub.tasks).extend([manager, dispatcher, housekeeper, label]);
         hub
     }
 
@@ -207,7 +234,7 @@ impl Hub {
                     token.to_owned(),
                     String::new(),
                     self.pid.clone(),
-                    LeaveFlag::Orphan(grant.fence),
+                    Flag::Orphan(grant.fence),
                 );
             }
             // A departed first waiter's leave told the next one already.
