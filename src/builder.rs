@@ -275,7 +275,8 @@ impl LockerBuilder<Poll> {
 
 impl LockerBuilder<Queue> {
     /// A locker whose waiters queue in Redis: opens its one subscriber connection with the
-    /// client's config (and asks the server once which pub/sub it has).
+    /// client's config (and asks the server once which pub/sub it has), and writes the
+    /// process's [label](Self::label).
     ///
     /// Errors: as [`LockerBuilder::<Poll>::build`]; [`Error::Connect`] if the subscriber cannot
     /// connect, or the server cannot serve a queue (a cluster without sharded pub/sub).
@@ -286,6 +287,9 @@ impl LockerBuilder<Queue> {
         let engine = Arc::new(self.engine()?);
         crate::redis::sentinel::watch(&engine);
         let hub = crate::wait::notify::hub::open(&engine).await?;
+        // The label, once (its task writes it again later): `status` names this process from
+        // its first acquisition on. A failure here is not the locker's: the task retries.
+        crate::wait::notify::hub::write_label(&engine, &hub.pid).await;
         Ok(Locker {
             engine,
             strategy: Queue { hub },

@@ -104,13 +104,15 @@ struct Spawned {
 impl Spawned {
     /// Starts `c` with its stderr going to `dir/<name>` (read it with `stderr()`).
     fn start(mut c: Command, dir: &Scratch, name: &str) -> Spawned {
+        c.stdout(Stdio::null());
+        Self::start_keeping_stdout(c, dir, name)
+    }
+
+    /// As `start`, with the stdout `c` was given.
+    fn start_keeping_stdout(mut c: Command, dir: &Scratch, name: &str) -> Spawned {
         let path = dir.path(name);
         let file = fs::File::create(&path).expect("stderr file");
-        let child = c
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn waitlock");
+        let child = c.stderr(file).spawn().expect("spawn waitlock");
         Spawned {
             child,
             stderr: path,
@@ -1395,4 +1397,65 @@ fn status_names_the_holder_and_the_waiters_by_label_in_queue_order() {
     for mut w in waiters {
         assert!(w.wait().success(), "{}", w.stderr());
     }
+}
+
+/// Issue 35: `status --watch` prints a new snapshot when the key changes (Redis tells it: no
+/// polling) and exits 0 on SIGINT.
+#[test]
+fn status_watch_prints_each_change_and_exits_on_sigint() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("watch");
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "--watch", "watched"])
+        .stdout(fs::File::create(dir.path("out")).expect("stdout file"));
+    let mut watcher = Spawned::start_keeping_stdout(c, &dir, "watch.err");
+    await_file(&dir, "out", "the first snapshot", |s| s.contains("is free"));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut latencies = Vec::new();
+    for round in 0..3 {
+        // Held: one snapshot says so; released: the next says free again.
+        let url = server.url();
+        let (guard, locker) = rt.block_on(async move {
+            let locker = waitlock::Locker::connect(&url)
+                .await
+                .expect("connect")
+                .label("watched-holder")
+                .queued()
+                .build()
+                .await
+                .expect("locker");
+            (
+                locker
+                    .acquire("watched", &waitlock::LockOptions::new())
+                    .await
+                    .expect("free"),
+                locker,
+            )
+        });
+        let changed = Instant::now();
+        let held = await_file(&dir, "out", "the held snapshot", |s| {
+            s.matches("is held").count() > round
+        });
+        latencies.push(changed.elapsed());
+        assert!(held.contains("watched-holder"), "{held}");
+        rt.block_on(guard.release()).expect("release");
+        await_file(&dir, "out", "the free snapshot", |s| {
+            s.rsplit("--- +")
+                .next()
+                .is_some_and(|last| last.contains("is free"))
+        });
+        drop(locker);
+    }
+    latencies.sort();
+    println!(
+        "--watch printed the change {:?} after it (median of 3)",
+        latencies[1]
+    );
+    assert!(
+        latencies[1] < Duration::from_secs(2),
+        "the change took {:?} to show",
+        latencies[1]
+    );
+    watcher.signal("-INT");
+    assert_eq!(watcher.wait().code(), Some(0), "{}", watcher.stderr());
 }

@@ -255,6 +255,12 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Print the status again whenever the key changes in Redis (told by Redis itself: client
+    /// tracking of the key's names, no polling), until interrupted (Ctrl-C: exit 0). Each
+    /// snapshot starts with a line "--- +<seconds> ---" (with --json: one object per line).
+    #[arg(long)]
+    pub watch: bool,
+
     /// The lock's name.
     #[arg(value_name = "KEY")]
     pub key: String,

@@ -7,6 +7,7 @@
 mod args;
 mod report;
 mod run;
+mod watch;
 
 use args::{Cli, Command, Conn, ReleaseArgs, StatusArgs};
 use clap::Parser;
@@ -73,23 +74,36 @@ async fn locker(conn: &Conn) -> Result<Locker, Error> {
 }
 
 /// `waitlock status`: the lock's line and, when the key has permits recorded, theirs; or one
-/// JSON object. Exit 0 whether held or not.
+/// JSON object. Exit 0 whether held or not. With `--watch`, again at every change of the key.
 async fn status(args: StatusArgs, out: Reporter) -> u8 {
-    let both = async {
-        let locker = locker(&args.conn).await?;
-        let lock = locker.status(&args.key).await?;
-        // A key's permit state does not depend on the number asked for: any semaphore reads
-        // it, whatever N (or the read-write lock) the key is used with.
-        let permits = locker.semaphore(1)?.status(&args.key).await?;
-        Ok::<_, Error>((lock, permits))
-    };
-    let (status, permits) = match both.await {
-        Ok(s) => s,
+    let locker = match locker(&args.conn).await {
+        Ok(l) => l,
         Err(e) => {
             out.error(describe(&e, &args.conn.url));
             return exit_code(&e, report::SOFTWARE);
         }
     };
+    let shown = if args.watch {
+        watch::watch(&locker, &args).await
+    } else {
+        show(&locker, &args).await
+    };
+    match shown {
+        Ok(()) => 0,
+        Err(e) => {
+            out.error(describe(&e, &args.conn.url));
+            exit_code(&e, report::SOFTWARE)
+        }
+    }
+}
+
+/// Reads the key's lock and permits and prints them (one line each, the table of who holds
+/// and waits; or one JSON object).
+async fn show(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
+    let status = locker.status(&args.key).await?;
+    // A key's permit state does not depend on the number asked for: any semaphore reads
+    // it, whatever N (or the read-write lock) the key is used with.
+    let permits = locker.semaphore(1)?.status(&args.key).await?;
     let key = &args.key;
     if args.json {
         let json = serde_json::json!({
@@ -113,7 +127,7 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
             "permits": permits_json(&permits),
         });
         println!("{json}");
-        return 0;
+        return Ok(());
     }
     let fence = status
         .fence
@@ -141,7 +155,7 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
     if let Some(line) = permits_line(key, &permits) {
         println!("{line}");
     }
-    0
+    Ok(())
 }
 
 /// `status`'s table of who holds and who waits, labels escaped (a label is any text):
@@ -161,11 +175,11 @@ fn people(status: &waitlock::LockStatus) -> Vec<String> {
             "holder".into(),
             shown(&h.label, "(no label)"),
             h.held_for
-                .map_or_else(|| "held".into(), |d| format!("held {}", secs(d))),
+                .map_or_else(String::new, |d| format!("held {}", secs(d))),
             match &h.process_id {
                 Some(pid) => format!("process {pid}"),
                 // (Never the token: whoever has it can release the lock.)
-                None => "a polling locker or a caller's token".into(),
+                None => "(a polling locker's or a caller's token)".into(),
             },
         ]);
     }
