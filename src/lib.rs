@@ -31,7 +31,7 @@ pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
 pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
 pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
-pub use status::{Holder, LockStatus, Waiter, STATUS_WAITERS};
+pub use status::{Holder, LeaseHolder, LockStatus, Waiter, STATUS_WAITERS};
 pub use strategy::{Poll, Queue};
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with

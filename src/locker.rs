@@ -291,11 +291,7 @@ impl<S: Strategy> Locker<S> {
             .await?;
         let pids = LockStatus::pids(&raw);
         let labels = self.engine.labels(&pids).await?;
-        let label = |pid: &str| {
-            let i = pids.iter().position(|p| p == pid)?;
-            labels.get(i).cloned().flatten()
-        };
-        Ok(LockStatus::from_raw(&raw, label))
+        Ok(LockStatus::from_raw(&raw, |pid| labels.get(pid).cloned()))
     }
 
     /// Token-level: one attempt to take `key` for `token` with `ttl` (never jumping a queue of

@@ -17,6 +17,7 @@ use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::scripts::RawPermits;
 use crate::redis::Engine;
+use crate::status::{LeaseHolder, Waiter, STATUS_WAITERS};
 use crate::strategy::{Poll, Strategy};
 use crate::wait::{self, Request};
 use std::future::Future;
@@ -73,12 +74,19 @@ pub struct PermitStatus {
     pub leases: Vec<(String, Duration)>,
     /// The fence of the latest acquisition, if the key's state exists.
     pub fence: Option<u64>,
+    /// The holders of `leases`, in the same order: process, label, permits held, time left.
+    pub lease_holders: Vec<LeaseHolder>,
+    /// The first waiters in queue order ([`STATUS_WAITERS`] at most; `queued` counts them
+    /// all), with the permits each asks for.
+    pub waiters: Vec<Waiter>,
 }
 
 impl PermitStatus {
-    fn from_raw(raw: RawPermits) -> PermitStatus {
+    fn from_raw(raw: RawPermits, label: impl Fn(&str) -> Option<String>) -> PermitStatus {
         let small = |v: u64| v.min(u64::from(u32::MAX)) as u32;
         PermitStatus {
+            lease_holders: crate::status::lease_holders(&raw.leases, &label),
+            waiters: crate::status::waiters(&raw.waiters, raw.now_us, &label),
             permits: (raw.limit > 0).then(|| small(raw.limit)),
             held: small(raw.used),
             holders: raw.holders as usize,
@@ -213,7 +221,11 @@ impl<S: Strategy> Semaphore<S> {
     pub async fn status(&self, key: &str) -> Result<PermitStatus> {
         let engine = &self.engine;
         let names = crate::keys::Names::permits(&engine.prefix, key, self.permits)?;
-        Ok(PermitStatus::from_raw(engine.permit_status(&names).await?))
+        let raw = engine.permit_status(&names, STATUS_WAITERS as u32).await?;
+        let pids =
+            crate::status::named_pids(raw.leases.iter().map(|(t, _)| t.as_str()), &raw.waiters);
+        let labels = engine.labels(&pids).await?;
+        Ok(PermitStatus::from_raw(raw, |pid| labels.get(pid).cloned()))
     }
 }
 

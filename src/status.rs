@@ -57,6 +57,31 @@ pub struct Waiter {
     pub waited: Duration,
     /// The TTL it asked for.
     pub ttl: Duration,
+    /// The permits it asks for (1 for a lock; a read-write lock's writer asks for all).
+    pub weight: u32,
+}
+
+/// A holder of permits, as [`PermitStatus`](crate::PermitStatus) names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseHolder {
+    /// Its process id, for a queued locker's holder (`None`: a polling locker's).
+    pub process_id: Option<String>,
+    /// That process's label (`LockerBuilder::label`), if it is recorded.
+    pub label: Option<String>,
+    /// The permits it holds.
+    pub weight: u32,
+    /// When its lease ends.
+    pub ends_in: Duration,
+}
+
+/// The weight and the rest of a permit token (`w<weight>:<rest>`); a lock's token weighs 1.
+fn weighed(token: &str) -> (u32, &str) {
+    token
+        .strip_prefix('w')
+        .and_then(|t| t.split_once(':'))
+        .and_then(|(w, rest)| Some((w.parse().ok()?, rest)))
+        .unwrap_or((1, token))
 }
 
 /// The process id in a queued locker's token (`<12 hex digits>/<uuid>`).
@@ -66,13 +91,72 @@ pub(crate) fn token_pid(token: &str) -> Option<&str> {
         .then_some(pid)
 }
 
-/// A queue member's process id and TTL (`"<pid> <ttl ms> <token>"`).
-fn member(m: &str) -> Option<(&str, u64)> {
+/// A queue member's process id, TTL and weight (`"<pid> <ttl ms> <token>"`).
+fn member(m: &str) -> Option<(&str, u64, u32)> {
     let mut parts = m.splitn(3, ' ');
     let pid = parts.next()?;
     let ttl = parts.next()?.parse().ok()?;
-    parts.next()?;
-    Some((pid, ttl))
+    let (weight, _) = weighed(parts.next()?);
+    Some((pid, ttl, weight))
+}
+
+/// The waiters of queue members `raw` (member, when queued in µs) at Redis time `now_us`.
+pub(crate) fn waiters(
+    raw: &[(String, u64)],
+    now_us: u64,
+    label: &impl Fn(&str) -> Option<String>,
+) -> Vec<Waiter> {
+    raw.iter()
+        .filter_map(|(m, queued_at)| {
+            let (pid, ttl, weight) = member(m)?;
+            Some(Waiter {
+                label: label(pid),
+                process_id: pid.to_owned(),
+                waited: Duration::from_micros(now_us.saturating_sub(*queued_at)),
+                ttl: Duration::from_millis(ttl),
+                weight,
+            })
+        })
+        .collect()
+}
+
+/// The distinct process ids named by `tokens` (holders') and queue `members`.
+pub(crate) fn named_pids<'a>(
+    tokens: impl Iterator<Item = &'a str>,
+    members: &[(String, u64)],
+) -> Vec<String> {
+    let mut pids: Vec<String> = tokens
+        .filter_map(|t| token_pid(weighed(t).1))
+        .map(str::to_owned)
+        .chain(
+            members
+                .iter()
+                .filter_map(|(m, _)| member(m).map(|(pid, ..)| pid.to_owned())),
+        )
+        .collect();
+    pids.sort();
+    pids.dedup();
+    pids
+}
+
+/// The holders of permit leases `(token, time left)`.
+pub(crate) fn lease_holders(
+    leases: &[(String, Duration)],
+    label: &impl Fn(&str) -> Option<String>,
+) -> Vec<LeaseHolder> {
+    leases
+        .iter()
+        .map(|(token, left)| {
+            let (weight, rest) = weighed(token);
+            let pid = token_pid(rest);
+            LeaseHolder {
+                process_id: pid.map(str::to_owned),
+                label: pid.and_then(label),
+                weight,
+                ends_in: *left,
+            }
+        })
+        .collect()
 }
 
 impl LockStatus {
@@ -92,19 +176,7 @@ impl LockStatus {
                     .map(Duration::from_micros),
             }
         });
-        let waiters = raw
-            .waiters
-            .iter()
-            .filter_map(|(m, queued_at)| {
-                let (pid, ttl) = member(m)?;
-                Some(Waiter {
-                    label: label(pid),
-                    process_id: pid.to_owned(),
-                    waited: Duration::from_micros(raw.now_us.saturating_sub(*queued_at)),
-                    ttl: Duration::from_millis(ttl),
-                })
-            })
-            .collect();
+        let waiters = waiters(&raw.waiters, raw.now_us, &label);
         LockStatus {
             held,
             remaining_ttl: (held && raw.pttl >= 0).then(|| Duration::from_millis(raw.pttl as u64)),
@@ -118,21 +190,7 @@ impl LockStatus {
 
     /// The process ids `from_raw` will ask labels for.
     pub(crate) fn pids(raw: &RawStatus) -> Vec<String> {
-        let mut pids: Vec<String> = raw
-            .holder
-            .as_deref()
-            .and_then(token_pid)
-            .map(str::to_owned)
-            .into_iter()
-            .chain(
-                raw.waiters
-                    .iter()
-                    .filter_map(|(m, _)| member(m).map(|(pid, _)| pid.to_owned())),
-            )
-            .collect();
-        pids.sort();
-        pids.dedup();
-        pids
+        named_pids(raw.holder.as_deref().into_iter(), &raw.waiters)
     }
 }
 
@@ -170,6 +228,16 @@ mod tests {
         assert_eq!(s.waiters[0].waited, Duration::from_millis(1500));
         assert_eq!(s.waiters[0].ttl, Duration::from_secs(30));
         assert_eq!(s.waiters[1].label, None);
+        assert_eq!(s.waiters[1].weight, 1);
+        // Permit tokens carry their weight.
+        let leases = [("w3:0123456789ab/x".to_owned(), Duration::from_secs(2))];
+        let h = lease_holders(&leases, &|_| Some("L".into()));
+        assert_eq!(
+            (h[0].weight, h[0].process_id.as_deref()),
+            (3, Some("0123456789ab"))
+        );
+        let members = [("bbbbbbbbbbbb 5000 w2:bbbbbbbbbbbb/y".to_owned(), 0)];
+        assert_eq!(waiters(&members, 1, &|_| None)[0].weight, 2);
         // A polling locker's token names no process.
         assert_eq!(token_pid("3f2a9c1e-0000"), None);
         assert_eq!(token_pid("0123456789ab/"), None);

@@ -1186,11 +1186,19 @@ fn status_shows_the_permits_of_a_key() {
     assert!(ends_in > 0 && ends_in <= 30_000, "{status}");
     let token = dir.read("token").trim().to_owned();
     assert!(token.starts_with("w1:"), "{token}");
+    let pid = token[3..15].to_owned();
+    let label = permits["leases"][0]["label"].clone();
+    assert!(
+        label.as_str().is_some_and(|l| l.contains(":waitlock")),
+        "{status}"
+    );
     assert_eq!(
         permits,
         &serde_json::json!({"kind": "semaphore", "permits": 2, "held": 1, "holders": 1,
                             "queued": 0, "first_lease_ends_in_ms": ends_in, "fence": fence,
-                            "leases": [{"token": token, "ends_in_ms": ends_in}]})
+                            "leases": [{"token": token, "ends_in_ms": ends_in, "weight": 1,
+                                        "process_id": pid, "label": label}],
+                            "waiters": []})
     );
     let mut c = waitlock(&server, &dir);
     c.args(["status", "thumbnails"]);
@@ -1201,7 +1209,9 @@ fn status_shows_the_permits_of_a_key() {
     assert_eq!(lines.len(), 3, "{text}");
     assert!(lines[0].starts_with("'thumbnails' is free"), "{text}");
     assert!(
-        lines[2].starts_with(&format!("  {token}: lease ends in ")),
+        lines[2].starts_with("  holds 1")
+            && lines[2].contains("lease ends in ")
+            && lines[2].ends_with(&format!("process {pid}")),
         "{text}"
     );
     assert!(

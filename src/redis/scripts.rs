@@ -172,6 +172,10 @@ pub(crate) struct RawPermits {
     pub(crate) fence: u64,
     /// The holders whose leases end first (10 at most): token and time left.
     pub(crate) leases: Vec<(String, Duration)>,
+    /// Redis' clock when it ran (µs).
+    pub(crate) now_us: u64,
+    /// The first queue members and when each queued (Redis time, µs).
+    pub(crate) waiters: Vec<(String, u64)>,
 }
 
 /// A script and the operation name its errors carry.
@@ -721,11 +725,15 @@ impl Engine {
         })
     }
 
-    /// The labels of the processes `pids` (`LockerBuilder::label`), in one `MGET` (every
-    /// label key is in one hash slot); a process whose label is not recorded is left out.
-    pub(crate) async fn labels(&self, pids: &[String]) -> Result<Vec<Option<String>>> {
+    /// The labels of the processes `pids` (`LockerBuilder::label`) by process id, in one
+    /// `MGET` (every label key is in one hash slot); a process whose label is not recorded is
+    /// left out.
+    pub(crate) async fn labels(
+        &self,
+        pids: &[String],
+    ) -> Result<std::collections::HashMap<String, String>> {
         if pids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         }
         let keys: Vec<String> = pids
             .iter()
@@ -751,18 +759,23 @@ impl Engine {
             }
             Ok(r) => r.map_err(failed)?,
         };
-        Ok(values
+        Ok(pids
             .iter()
-            .map(|v| {
-                v.as_bytes()
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
+            .zip(&values)
+            .filter_map(|(pid, v)| {
+                let label = String::from_utf8_lossy(v.as_bytes()?).into_owned();
+                Some((pid.clone(), label))
             })
             .collect())
     }
 
-    /// A permit key's state, read in one script call.
-    pub(crate) async fn permit_status(&self, names: &Names) -> Result<RawPermits> {
-        let c = Call::new(names, "-");
+    /// A permit key's state and the first `waiters` queue members (100 at most), read in one
+    /// script call.
+    pub(crate) async fn permit_status(&self, names: &Names, waiters: u32) -> Result<RawPermits> {
+        let c = Call {
+            flag: Some(Flag::Listing(waiters)),
+            ..Call::new(names, "-")
+        };
         let reply: Vec<Value> = self
             .eval(
                 self.backend.next_client(),
@@ -777,18 +790,32 @@ impl Engine {
             unexpected(names, Op::Status, &ints)
         };
         let n = |v: &Value| v.as_i64().map(|v| v.max(0) as u64);
-        if reply.len() < 6 {
+        if reply.len() < 7 {
             return Err(malformed());
         }
-        let (counts, leases) = reply.split_at(6);
+        let (counts, rest) = reply.split_at(6);
         let counts: Option<Vec<u64>> = counts.iter().map(n).collect();
         let Some(&[limit, used, holders, queued, first_end, fence]) = counts.as_deref() else {
             return Err(malformed());
         };
-        // Then token, ms left, for the leases that end first.
+        // Then token, ms left, for the leases that end first (10 at most); Redis' time; the
+        // first waiters, member and score.
+        let pairs = (holders.min(10) as usize) * 2;
+        if rest.len() < pairs + 1 {
+            return Err(malformed());
+        }
+        let (leases, rest) = rest.split_at(pairs);
         let leases: Option<Vec<(String, Duration)>> = leases
             .chunks_exact(2)
             .map(|pair| Some((pair[0].as_string()?, Duration::from_millis(n(&pair[1])?))))
+            .collect();
+        let now_us = n(&rest[0]).ok_or_else(malformed)?;
+        let waiters: Option<Vec<(String, u64)>> = rest[1..]
+            .chunks_exact(2)
+            .map(|pair| {
+                let score = pair[1].as_string()?.parse::<f64>().ok()?;
+                Some((pair[0].as_string()?, score.max(0.0) as u64))
+            })
             .collect();
         Ok(RawPermits {
             limit,
@@ -798,6 +825,8 @@ impl Engine {
             first_end: Duration::from_millis(first_end),
             fence,
             leases: leases.ok_or_else(malformed)?,
+            now_us,
+            waiters: waiters.ok_or_else(malformed)?,
         })
     }
 }

@@ -250,8 +250,10 @@ pub struct StatusArgs {
     /// Print one JSON object: {"key", "held", "remaining_ttl_ms", "fence", "queued", "holder",
     /// "waiters", "permits"}; "holder" is null or {"process_id", "label", "held_for_ms"} (never
     /// the token); "waiters" lists the first 10 in queue order as {"process_id", "label",
-    /// "waited_ms", "ttl_ms"}; "permits" is null, or {"kind": "rw_lock" or "semaphore",
-    /// "permits", "held", "holders", "queued", "first_lease_ends_in_ms", "fence"}.
+    /// "waited_ms", "ttl_ms", "weight"}; "permits" is null, or {"kind": "rw_lock" or
+    /// "semaphore", "permits", "held", "holders", "queued", "first_lease_ends_in_ms", "fence",
+    /// "leases" (the first 10 to end: {"token", "ends_in_ms", "weight", "process_id",
+    /// "label"}), "waiters" (as the lock's)}.
     #[arg(long)]
     pub json: bool,
 

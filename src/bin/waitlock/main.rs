@@ -118,12 +118,7 @@ async fn show(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
                 "label": h.label,
                 "held_for_ms": h.held_for.map(millis),
             })),
-            "waiters": status.waiters.iter().map(|w| serde_json::json!({
-                "process_id": w.process_id,
-                "label": w.label,
-                "waited_ms": millis(w.waited),
-                "ttl_ms": millis(w.ttl),
-            })).collect::<Vec<_>>(),
+            "waiters": waiters_json(&status.waiters),
             "permits": permits_json(&permits),
         });
         println!("{json}");
@@ -154,6 +149,9 @@ async fn show(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
     }
     if let Some(line) = permits_line(key, &permits) {
         println!("{line}");
+        for line in permit_people(&permits) {
+            println!("{line}");
+        }
     }
     Ok(())
 }
@@ -165,15 +163,11 @@ async fn show(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
 ///   waiter 1 build-8:977:worker    waited 3.2 s  process 89abcdef0123
 /// ```
 fn people(status: &waitlock::LockStatus) -> Vec<String> {
-    let shown = |label: &Option<String>, fallback: &str| match label {
-        Some(l) => l.escape_debug().to_string(),
-        None => fallback.to_owned(),
-    };
     let mut rows: Vec<[String; 4]> = Vec::new();
     if let Some(h) = &status.holder {
         rows.push([
             "holder".into(),
-            shown(&h.label, "(no label)"),
+            shown(&h.label),
             h.held_for
                 .map_or_else(String::new, |d| format!("held {}", secs(d))),
             match &h.process_id {
@@ -183,16 +177,61 @@ fn people(status: &waitlock::LockStatus) -> Vec<String> {
             },
         ]);
     }
-    for (i, w) in status.waiters.iter().enumerate() {
+    waiter_rows(&mut rows, &status.waiters, status.queued, false);
+    table(&rows)
+}
+
+/// The permits' table: each lease's holder (permits held, when the lease ends), then the
+/// waiters (permits asked for).
+fn permit_people(p: &PermitStatus) -> Vec<String> {
+    let mut rows: Vec<[String; 4]> = p
+        .lease_holders
+        .iter()
+        .map(|h| {
+            [
+                format!("holds {}", h.weight),
+                shown(&h.label),
+                format!("lease ends in {}", secs(h.ends_in)),
+                h.process_id.as_ref().map_or_else(
+                    || "(a polling locker's)".into(),
+                    |pid| format!("process {pid}"),
+                ),
+            ]
+        })
+        .collect();
+    waiter_rows(&mut rows, &p.waiters, p.queued, true);
+    table(&rows)
+}
+
+/// A label as the table shows it: escaped, on one line.
+fn shown(label: &Option<String>) -> String {
+    match label {
+        Some(l) => l.escape_debug().to_string(),
+        None => "(no label)".to_owned(),
+    }
+}
+
+fn waiter_rows(
+    rows: &mut Vec<[String; 4]>,
+    waiters: &[waitlock::Waiter],
+    queued: usize,
+    weights: bool,
+) {
+    for (i, w) in waiters.iter().enumerate() {
+        let asks = if weights {
+            format!(" for {}", w.weight)
+        } else {
+            String::new()
+        };
         rows.push([
-            format!("waiter {}", i + 1),
-            shown(&w.label, "(no label)"),
+            format!("waiter {}{asks}", i + 1),
+            shown(&w.label),
             format!("waited {}", secs(w.waited)),
             format!("process {}", w.process_id),
         ]);
     }
-    if status.queued > status.waiters.len() {
-        let more = status.queued - status.waiters.len();
+    if queued > waiters.len() {
+        let more = queued - waiters.len();
         rows.push([
             String::new(),
             format!("... {more} more queued"),
@@ -200,6 +239,10 @@ fn people(status: &waitlock::LockStatus) -> Vec<String> {
             String::new(),
         ]);
     }
+}
+
+/// Rows as aligned columns, indented.
+fn table(rows: &[[String; 4]]) -> Vec<String> {
     let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
     let (w0, w1, w2) = (width(0), width(1), width(2));
     rows.iter()
@@ -231,6 +274,22 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `status --json`'s waiters (the lock's, the permits').
+fn waiters_json(waiters: &[waitlock::Waiter]) -> serde_json::Value {
+    waiters
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "process_id": w.process_id,
+                "label": w.label,
+                "waited_ms": millis(w.waited),
+                "ttl_ms": millis(w.ttl),
+                "weight": w.weight,
+            })
+        })
+        .collect()
+}
+
 /// `status --json`'s "permits": null when the key has none recorded.
 fn permits_json(p: &PermitStatus) -> serde_json::Value {
     let Some(n) = p.permits else {
@@ -244,10 +303,14 @@ fn permits_json(p: &PermitStatus) -> serde_json::Value {
         "queued": p.queued,
         "first_lease_ends_in_ms": p.first_lease_ends_in.map(millis),
         "fence": p.fence,
-        "leases": p.leases.iter().map(|(token, left)| serde_json::json!({
+        "leases": p.leases.iter().zip(&p.lease_holders).map(|((token, left), h)| serde_json::json!({
             "token": token,
             "ends_in_ms": millis(*left),
+            "weight": h.weight,
+            "process_id": h.process_id,
+            "label": h.label,
         })).collect::<Vec<_>>(),
+        "waiters": waiters_json(&p.waiters),
     })
 }
 
@@ -283,16 +346,13 @@ fn permits_line(key: &str, p: &PermitStatus) -> Option<String> {
         Some(d) => format!("the first lease ends in {}, fence {fence}", secs(d)),
         None => format!("last fence {fence}"),
     };
-    let mut line = format!(
+    // Then the holders whose leases end first (10 at most) and the first waiters: see
+    // `permit_people`.
+    Some(format!(
         "{} {kind}: {held}, {lease}, {} queued",
         quoted(key),
         p.queued
-    );
-    // The holders whose leases end first, one per line (10 at most).
-    for (token, left) in &p.leases {
-        line.push_str(&format!("\n  {token}: lease ends in {}", secs(*left)));
-    }
-    Some(line)
+    ))
 }
 
 /// `waitlock release`: 0 released, 1 not held by that token.
