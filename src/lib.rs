@@ -15,6 +15,8 @@ mod stats;
 mod status;
 pub mod strategy;
 mod tasks;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod wait;
 
 pub use builder::{
