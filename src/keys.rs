@@ -73,6 +73,11 @@ impl Names {
         format!("{}:fence", self.lock)
     }
 
+    /// An election's record (`crate::election`): who leads, with what value.
+    pub(crate) fn leader(&self) -> String {
+        format!("{}:leader", self.lock)
+    }
+
     /// The waiter queue's name.
     pub(crate) fn queue(&self) -> String {
         format!("{}:q", self.lock)

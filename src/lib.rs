@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod builder;
+mod election;
 mod error;
 mod hold;
 mod keys;
@@ -23,6 +24,7 @@ pub use builder::{
     default_label, LockerBuilder, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
     DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION, MAX_LABEL_LEN,
 };
+pub use election::{Election, Leader, Leadership, MAX_VALUE_LEN};
 pub use error::{ConnectStep, Error, LossReason, Op, Result};
 pub use hold::guard::LockGuard;
 pub use hold::run::LockContext;

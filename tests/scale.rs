@@ -153,7 +153,7 @@ async fn nothing_piles_up() {
     }
     locker.subscriptions_settled().await;
     locker.idle().await;
-    let names: Vec<String> = common::cmd(&admin, "KEYS *", vec![]).await;
+    let names = common::lock_names(&admin).await;
     for name in &names {
         assert!(name.ends_with(":fence"), "left behind: {name}");
         let pttl: i64 = common::cmd(&admin, "PTTL", vec![name.clone().into()]).await;
@@ -167,6 +167,6 @@ async fn nothing_piles_up() {
     tokio::time::sleep(ttl + retention + Duration::from_millis(200)).await;
     // KEYS, not DBSIZE: every key is past its expiry now, but Redis deletes expired keys in
     // sampled background cycles, which lag on a busy machine; KEYS hides expired keys.
-    let left: Vec<String> = common::cmd(&admin, "KEYS *", vec![]).await;
+    let left = common::lock_names(&admin).await;
     assert!(left.is_empty(), "keys left after the retention: {left:?}");
 }

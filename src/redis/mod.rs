@@ -121,6 +121,8 @@ pub(crate) struct Engine {
     pub(crate) watchers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Keeps every guard's lease alive that asked for it (`LockGuard::keep_alive`).
     pub(crate) refresher: Arc<crate::hold::refresh::Refreshing>,
+    /// The connection that tracks observed elections (`Election::observe`), once one is.
+    pub(crate) tracker: tokio::sync::OnceCell<Arc<crate::election::Tracker>>,
     scripts: Scripts,
 }
 
@@ -145,6 +147,7 @@ impl Engine {
             last_forced_reconnect: std::sync::atomic::AtomicU64::new(0),
             watchers: std::sync::Mutex::default(),
             refresher: Arc::default(),
+            tracker: tokio::sync::OnceCell::new(),
             scripts: Scripts::new(),
         }
     }

@@ -44,6 +44,13 @@ pub(crate) const STATUS: &str = lua!("lua/status.lua");
 /// Refresh many locks taken free in one call (on its own: see the script).
 pub(crate) const REFRESH: &str = include_str!("lua/refresh.lua");
 
+/// Election: a new leader's announcement (on its own: see the script).
+pub(crate) const ELECT_ANNOUNCE: &str = include_str!("lua/elect_announce.lua");
+/// Election: a leader marks its record resigned.
+pub(crate) const ELECT_RESIGN: &str = include_str!("lua/elect_resign.lua");
+/// Election: who leads, read only.
+pub(crate) const ELECT_READ: &str = include_str!("lua/elect_read.lua");
+
 /// A permit script: the queue layer, the semaphore's leases, the script.
 macro_rules! permits_lua {
     ($file:literal) => {
@@ -206,6 +213,9 @@ pub(crate) struct Scripts {
     lock: Set,
     permits: Set,
     refresh: Lua,
+    announce: Lua,
+    resign: Lua,
+    read_leader: Lua,
 }
 
 impl Scripts {
@@ -226,6 +236,9 @@ impl Scripts {
                 status: Lua::new(Op::Status, PERMIT_STATUS),
             },
             refresh: Lua::new(Op::Extend, REFRESH),
+            announce: Lua::new(Op::Acquire, ELECT_ANNOUNCE),
+            resign: Lua::new(Op::Release, ELECT_RESIGN),
+            read_leader: Lua::new(Op::Status, ELECT_READ),
         }
     }
 
@@ -561,6 +574,90 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         self.replicated(client, first).await?;
         Ok(batched)
+    }
+
+    /// Election: `token` (which holds `names`' lock, with fence `term`) makes the election's
+    /// record its own, with `value`. `Ok(None)`: the token no longer holds the lock;
+    /// `Ok(Some(previous record))` (empty when there was none).
+    pub(crate) async fn announce(
+        &self,
+        names: &Names,
+        token: &str,
+        term: u64,
+        value: &str,
+    ) -> Result<Option<String>> {
+        let keys = vec![names.lock.clone(), names.leader()];
+        let args = vec![token.to_owned(), term.to_string(), value.to_owned()];
+        let reply: Vec<Value> = self
+            .eval_with(
+                self.backend.client_for(token),
+                &self.scripts.announce,
+                names,
+                keys,
+                args,
+                self.command_timeout,
+                Via::Sha,
+            )
+            .await?;
+        match reply.as_slice() {
+            [code, ..] if code.as_i64() == Some(0) => Ok(None),
+            [code, prev] if code.as_i64() == Some(1) => Ok(Some(
+                prev.as_bytes()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default(),
+            )),
+            _ => Err(unexpected(names, Op::Acquire, &[])),
+        }
+    }
+
+    /// Election: marks `token`'s record resigned (kept for the retention). True when it was
+    /// `token`'s.
+    pub(crate) async fn resign_record(&self, names: &Names, token: &str) -> Result<bool> {
+        let keys = vec![names.lock.clone(), names.leader()];
+        let args = vec![token.to_owned(), ms(self.retention).to_string()];
+        let marked: i64 = self
+            .eval_with(
+                self.backend.client_for(token),
+                &self.scripts.resign,
+                names,
+                keys,
+                args,
+                self.command_timeout,
+                Via::Sha,
+            )
+            .await?;
+        Ok(marked == 1)
+    }
+
+    /// Election: the lock's value (empty when free), its PTTL, the record (empty when none)
+    /// and Redis' time (µs), read in one call.
+    pub(crate) async fn read_leader(&self, names: &Names) -> Result<(String, i64, String, u64)> {
+        let keys = vec![names.lock.clone(), names.leader()];
+        let reply: Vec<Value> = self
+            .eval_with(
+                self.backend.next_client(),
+                &self.scripts.read_leader,
+                names,
+                keys,
+                Vec::new(),
+                self.command_timeout,
+                Via::Sha,
+            )
+            .await?;
+        let text = |v: &Value| {
+            v.as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        match reply.as_slice() {
+            [lock, pttl, record, now] => Ok((
+                text(lock),
+                pttl.as_i64().unwrap_or(-2),
+                text(record),
+                now.as_i64().unwrap_or(0).max(0) as u64,
+            )),
+            _ => Err(unexpected(names, Op::Status, &[])),
+        }
     }
 
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until

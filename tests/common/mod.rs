@@ -409,6 +409,15 @@ pub async fn listeners(client: &Client, key: &str) -> usize {
     sharded.len() + classic.len()
 }
 
+/// Every key name on the server but the processes' labels (`{waitlock:labels}:<pid>`, one per
+/// queued locker, kept while it lives), sorted: what locks and permits left behind.
+pub async fn lock_names(client: &Client) -> Vec<String> {
+    let mut names: Vec<String> = cmd(client, "KEYS *", vec![]).await;
+    names.retain(|k| !k.starts_with("{waitlock:labels}:"));
+    names.sort();
+    names
+}
+
 /// How many waiters the Redis queue of `key` holds.
 pub async fn queued(client: &Client, key: &str) -> i64 {
     cmd(client, "ZCARD", vec![Value::from(queue_key(key))]).await
