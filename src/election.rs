@@ -37,8 +37,12 @@ use tokio_util::sync::CancellationToken;
 /// Values longer than this are refused.
 pub const MAX_VALUE_LEN: usize = 64 * 1024;
 
-/// An election on one name (see the [module](self)). Made by [`Locker::election`]; cheap to
-/// clone.
+/// An election on one name: candidates wait in the lock's queue (FIFO, woken, no polling),
+/// the one that holds the election's lock and has announced itself leads, and resigning hands
+/// leadership to the next candidate in one handoff. The term is the acquisition's fence: it
+/// only grows. A leader paused past its lease may still act when it resumes, before it reads
+/// its loss token: only the term, checked by the storage it writes to, protects against that
+/// (`docs/design.md`, "Elections"). Made by [`Locker::election`]; cheap to clone.
 #[derive(Clone)]
 pub struct Election<S> {
     locker: Locker<S>,
