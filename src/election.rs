@@ -134,10 +134,15 @@ impl Leadership {
     /// resigned mark, so the next leader may wait the lock delay).
     pub async fn resign(self) -> Result<()> {
         let engine = self.guard.engine();
-        if let Err(e) = engine.resign_record(&self.names, self.guard.token()).await {
-            tracing::warn!(name = %self.names.key, error = %e, "could not mark the leadership resigned; releasing");
+        let (names, token) = (self.names.clone(), self.guard.token().to_owned());
+        // Both on the token's one connection, the mark first: Redis runs them in that order,
+        // and the release does not wait a round trip for the mark.
+        let (marked, released) =
+            tokio::join!(engine.resign_record(&names, &token), self.guard.release());
+        if let Err(e) = marked {
+            tracing::warn!(name = %names.key, error = %e, "could not mark the leadership resigned");
         }
-        self.guard.release().await
+        released
     }
 }
 
@@ -297,7 +302,9 @@ impl<S: Strategy> Election<S> {
     /// connection of every write to the election's names and of the lock's expiry, so a change
     /// shows within a round trip of it (and of the expiry Redis notices, within its active
     /// expiry cycle, ~100 ms); as a backstop the observer also reads again when the leader's
-    /// lease ends and every 30 s. Observing stops when every receiver is dropped.
+    /// lease ends and every 30 s. All the receivers of one election in one locker share one
+    /// reader (one read per change, however many observe); it stops when every receiver is
+    /// dropped.
     ///
     /// Errors: [`Error::Connect`] when the tracking connection cannot be opened; Redis errors
     /// of the first reading.
@@ -309,57 +316,110 @@ impl<S: Strategy> Election<S> {
         let tracker = Tracker::of(&engine).await?;
         let prefix = self.names.lock.clone();
         tracker.track(&prefix).await?;
-        let mut changes = tracker.client.invalidation_rx();
-        let mut retracked = tracker.epoch.subscribe();
+        // One reader per election and locker, however many receivers.
+        if let Some(tx) = tracker.observed().get(&prefix) {
+            return Ok(tx.subscribe());
+        }
+        let changes = tracker.client.invalidation_rx();
+        let retracked = tracker.epoch.subscribe();
         let first = self.leader().await?;
-        let (tx, rx) = watch::channel(first.clone());
-        let election = self.clone();
-        tokio::spawn(async move {
-            let mut last_term = first.as_ref().map_or(0, |l| l.term);
-            let mut shown = first;
-            loop {
-                let backstop = shown
-                    .as_ref()
-                    .and_then(|l| l.lease_left)
-                    .map_or(Duration::from_secs(30), |left| {
-                        (left + Duration::from_millis(50)).min(Duration::from_secs(30))
-                    });
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = tokio::time::sleep(backstop) => {}
-                    _ = retracked.changed() => {}
-                    change = changes.recv() => match change {
-                        Ok(inv) => {
-                            if !inv.keys.iter().any(|k| k.as_bytes().starts_with(prefix.as_bytes())) {
-                                continue;
-                            }
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                    },
-                }
-                let Ok(now) = election.leader().await else {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                };
-                let show = match &now {
-                    // Not yet announced, or an older reading than one shown.
-                    Some(l) if l.term < last_term => false,
-                    Some(l) => shown.as_ref().is_none_or(|s| s.term != l.term),
-                    None => shown.is_some(),
-                };
-                if let Some(l) = &now {
-                    last_term = last_term.max(l.term);
-                }
-                // Leases left change at every reading: keep the shown value fresh for the
-                // backstop without waking receivers.
-                if show {
-                    tx.send_replace(now.clone());
-                }
-                shown = now;
+        let (tx, rx) = {
+            let mut observed = tracker.observed();
+            if let Some(tx) = observed.get(&prefix) {
+                return Ok(tx.subscribe());
             }
-        });
+            let (tx, rx) = watch::channel(first.clone());
+            observed.insert(prefix.clone(), tx.clone());
+            (tx, rx)
+        };
+        let reader = Reader {
+            election: self.clone(),
+            tracker: Arc::downgrade(&tracker),
+            prefix,
+            record: self.names.leader(),
+            tx,
+        };
+        tokio::spawn(reader.run(first, changes, retracked));
         Ok(rx)
+    }
+}
+
+/// The one task that reads an observed election again at each change, for every receiver of
+/// its locker.
+struct Reader<S> {
+    election: Election<S>,
+    tracker: std::sync::Weak<Tracker>,
+    /// The lock's name (every name of the election starts with it).
+    prefix: String,
+    /// The record's name.
+    record: String,
+    tx: watch::Sender<Option<Leader>>,
+}
+
+impl<S: Strategy> Reader<S> {
+    async fn run(
+        self,
+        first: Option<Leader>,
+        mut changes: tokio::sync::broadcast::Receiver<fred::types::client::Invalidation>,
+        mut retracked: watch::Receiver<u64>,
+    ) {
+        let mut last_term = first.as_ref().map_or(0, |l| l.term);
+        let mut shown = first;
+        loop {
+            let backstop = shown
+                .as_ref()
+                .and_then(|l| l.lease_left)
+                .map_or(Duration::from_secs(30), |left| {
+                    (left + Duration::from_millis(50)).min(Duration::from_secs(30))
+                });
+            tokio::select! {
+                _ = self.tx.closed() => {
+                    // No receiver left: stop, unless one subscribed meanwhile.
+                    let Some(tracker) = self.tracker.upgrade() else { return };
+                    let mut observed = tracker.observed();
+                    if self.tx.receiver_count() == 0 {
+                        observed.remove(&self.prefix);
+                        return;
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep(backstop) => {}
+                _ = retracked.changed() => {}
+                change = changes.recv() => match change {
+                    Ok(inv) => {
+                        // The lock (taken, deleted, expired, refreshed) or the record: not the
+                        // fence counter, the queue or the processes (candidates coming and
+                        // going change no leader).
+                        let ours = inv.keys.iter().any(|k| {
+                            let k = k.as_bytes();
+                            k == self.prefix.as_bytes() || k == self.record.as_bytes()
+                        });
+                        if !ours {
+                            continue;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+            let Ok(now) = self.election.leader().await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let show = match &now {
+                // An older reading than one shown.
+                Some(l) if l.term < last_term => false,
+                Some(l) => shown.as_ref().is_none_or(|s| s.term != l.term),
+                None => shown.is_some(),
+            };
+            if let Some(l) = &now {
+                last_term = last_term.max(l.term);
+            }
+            if show {
+                self.tx.send_replace(now.clone());
+            }
+            shown = now;
+        }
     }
 }
 
@@ -369,6 +429,8 @@ impl<S: Strategy> Election<S> {
 pub(crate) struct Tracker {
     client: fred::clients::Client,
     prefixes: Mutex<HashSet<String>>,
+    /// The observed elections' senders, by prefix (one reader each).
+    observed: Mutex<std::collections::HashMap<String, watch::Sender<Option<Leader>>>>,
     /// Bumped once tracking is on again after a reconnection (observers read again then).
     epoch: watch::Sender<u64>,
 }
@@ -408,6 +470,7 @@ impl Tracker {
                 let tracker = Arc::new(Tracker {
                     client,
                     prefixes: Mutex::default(),
+                    observed: Mutex::default(),
                     epoch: watch::Sender::new(0),
                 });
                 let weak = Arc::downgrade(&tracker);
@@ -431,6 +494,13 @@ impl Tracker {
             })
             .await
             .cloned()
+    }
+
+    fn observed(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, watch::Sender<Option<Leader>>>>
+    {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
