@@ -199,7 +199,7 @@ async fn main_async(quick: bool) {
         .map(|(n, v)| (n.clone(), v - before.get(n).unwrap_or(&0)))
         .filter(|(n, v)| *v > 0 && !n.starts_with("info"))
         .collect();
-    by.sort_by(|a, b| b.1.cmp(&a.1));
+    by.sort_by_key(|e| std::cmp::Reverse(e.1));
     println!("  by command: {by:?}");
     drop(receivers);
     lead.resign().await.expect("resign");
