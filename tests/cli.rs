@@ -1469,3 +1469,60 @@ fn status_watch_prints_each_change_and_exits_on_sigint() {
     watcher.signal("-INT");
     assert_eq!(watcher.wait().code(), Some(0), "{}", watcher.stderr());
 }
+
+/// Issue 33: `waitlock leader NAME` says who leads (text and JSON); `--watch` prints each new
+/// leader and the end of leadership, and exits 0 on SIGINT.
+#[test]
+fn leader_shows_and_follows_an_election() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("leader");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let url = server.url();
+    let candidate = |url: String| async move {
+        waitlock::Locker::connect(&url)
+            .await
+            .expect("connect")
+            .queued()
+            .build()
+            .await
+            .expect("locker")
+    };
+    let (a, b) =
+        rt.block_on(async { (candidate(url.clone()).await, candidate(url.clone()).await) });
+    let opts = waitlock::LockOptions::new().with_wait(Duration::from_secs(20));
+    let first = rt
+        .block_on(
+            a.election("scheduler")
+                .expect("name")
+                .campaign("host-a", &opts),
+        )
+        .expect("a leads");
+    let mut c = waitlock(&server, &dir);
+    c.args(["leader", "--json", "scheduler"]);
+    let out = output(c);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["leader"]["value"], "host-a", "{json}");
+    assert_eq!(json["leader"]["term"], first.term());
+    let mut c = waitlock(&server, &dir);
+    c.args(["leader", "--watch", "scheduler"])
+        .stdout(fs::File::create(dir.path("out")).expect("stdout file"));
+    let mut watcher = Spawned::start_keeping_stdout(c, &dir, "watch.err");
+    await_file(&dir, "out", "the first line", |s| {
+        s.contains("led by 'host-a'")
+    });
+    let election_b = b.election("scheduler").expect("name");
+    let next = rt.spawn(async move { election_b.campaign("host-b", &opts).await });
+    rt.block_on(common::lock_queued(&a, "scheduler", 1))
+        .expect("b queued");
+    rt.block_on(first.resign()).expect("resign");
+    let second = rt.block_on(next).expect("task").expect("b leads");
+    await_file(&dir, "out", "the new leader", |s| {
+        s.contains("led by 'host-b'")
+    });
+    rt.block_on(second.resign()).expect("resign");
+    await_file(&dir, "out", "nobody leads", |s| {
+        s.contains("nobody leads 'scheduler'")
+    });
+    watcher.signal("-INT");
+    assert_eq!(watcher.wait().code(), Some(0), "{}", watcher.stderr());
+}

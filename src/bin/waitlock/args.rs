@@ -115,6 +115,31 @@ pub enum Command {
             its lease ends)."
     )]
     Release(ReleaseArgs),
+
+    /// Show who leads the election NAME (its value, term, how long, lease left), or that
+    /// nobody does; with --watch, again at every change of leader.
+    Leader(LeaderArgs),
+}
+
+/// `waitlock leader`.
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+
+    /// Print one JSON object: {"election", "leader"}; "leader" is null or {"value", "term",
+    /// "leading_for_ms", "lease_left_ms", "process_id"}.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Print the leader again at every change of leader (a new term, or nobody leading), told
+    /// by Redis (no polling), until interrupted (Ctrl-C: exit 0).
+    #[arg(long)]
+    pub watch: bool,
+
+    /// The election's name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
 }
 
 /// Where the locks live.

@@ -9,7 +9,7 @@ mod report;
 mod run;
 mod watch;
 
-use args::{Cli, Command, Conn, ReleaseArgs, StatusArgs};
+use args::{Cli, Command, Conn, LeaderArgs, ReleaseArgs, StatusArgs};
 use clap::Parser;
 use report::{describe, exit_code, quoted, secs, Reporter};
 use std::process::ExitCode;
@@ -45,6 +45,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args, out).await,
             Command::Status(args) => status(args, out).await,
             Command::Release(args) => release(args, out).await,
+            Command::Leader(args) => leader(args, out).await,
         }
     });
     ExitCode::from(code)
@@ -252,6 +253,81 @@ fn table(rows: &[[String; 4]]) -> Vec<String> {
                 .to_owned()
         })
         .collect()
+}
+
+/// `waitlock leader`: who leads NAME (one line, or one JSON object); with `--watch`, again
+/// at every change until Ctrl-C. Exit 0 whether someone leads or not.
+async fn leader(args: LeaderArgs, out: Reporter) -> u8 {
+    let shown = async {
+        let locker = locker(&args.conn).await?;
+        let election = locker.election(&args.name)?;
+        let print = |l: &Option<waitlock::Leader>| {
+            let name = &args.name;
+            if args.json {
+                let leader = l.as_ref().map(|l| {
+                    serde_json::json!({
+                        "value": l.value,
+                        "term": l.term,
+                        "leading_for_ms": l.leading_for.map(millis),
+                        "lease_left_ms": l.lease_left.map(millis),
+                        "process_id": l.process_id,
+                    })
+                });
+                println!(
+                    "{}",
+                    serde_json::json!({"election": name, "leader": leader})
+                );
+            } else {
+                match l {
+                    None => println!("nobody leads {}", quoted(name)),
+                    Some(l) => println!(
+                        "{} is led by {} (term {}{}{})",
+                        quoted(name),
+                        quoted(&l.value.escape_debug().to_string()),
+                        l.term,
+                        l.leading_for
+                            .map(|d| format!(", for {}", secs(d)))
+                            .unwrap_or_default(),
+                        l.lease_left
+                            .map(|d| format!(", lease ends in {}", secs(d)))
+                            .unwrap_or_default()
+                    ),
+                }
+            }
+        };
+        if !args.watch {
+            print(&election.leader().await?);
+            return Ok::<_, Error>(());
+        }
+        let mut changes = election.observe().await?;
+        let mut interrupt = tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::interrupt(),
+        )
+        .map_err(|e| Error::InvalidSetting {
+            field: "SIGINT handler",
+            value: e.to_string(),
+            reason: "cannot be installed",
+        })?;
+        print(&changes.borrow_and_update().clone());
+        loop {
+            tokio::select! {
+                _ = interrupt.recv() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    print(&changes.borrow_and_update().clone());
+                }
+            }
+        }
+    };
+    match shown.await {
+        Ok(()) => 0,
+        Err(e) => {
+            out.error(describe(&e, &args.conn.url));
+            exit_code(&e, report::SOFTWARE)
+        }
+    }
 }
 
 /// After a failed release: a note when the key has permits held, whose tokens `release` does
