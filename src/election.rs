@@ -123,6 +123,37 @@ impl Leadership {
         self.guard.keep_alive()
     }
 
+    /// The token of the lock under this leadership (whoever has it can release the lock).
+    pub fn token(&self) -> &str {
+        self.guard.token()
+    }
+
+    /// The lock guard under this leadership, for what a guard gives that a leadership does not
+    /// repeat (e.g. [`LockGuard::extend`]).
+    pub fn guard_mut(&mut self) -> &mut LockGuard {
+        &mut self.guard
+    }
+
+    /// Ends a term as [`LockGuard::release_after_section`] ends a critical section (`Ok(())`:
+    /// leadership was held throughout, by what this leader could know; [`Error::Expired`]:
+    /// it was, or may have been, lost), after marking the record resigned, as
+    /// [`resign`](Self::resign) does.
+    ///
+    /// # Cancel safety
+    /// As [`resign`](Self::resign).
+    pub async fn resign_after_term(self) -> Result<()> {
+        let engine = self.guard.engine();
+        let (names, token) = (self.names.clone(), self.guard.token().to_owned());
+        let (marked, ended) = tokio::join!(
+            engine.resign_record(&names, &token),
+            self.guard.release_after_section()
+        );
+        if let Err(e) = marked {
+            tracing::warn!(name = %names.key, error = %e, "could not mark the leadership resigned");
+        }
+        ended
+    }
+
     /// Gives leadership up: marks the record resigned (the next leader waits no lock delay)
     /// and releases the lock, which hands it to the next candidate in the queue at once.
     ///

@@ -1526,3 +1526,77 @@ fn leader_shows_and_follows_an_election() {
     watcher.signal("-INT");
     assert_eq!(watcher.wait().code(), Some(0), "{}", watcher.stderr());
 }
+
+/// Issue 33: `waitlock elect NAME -- COMMAND` runs the command while leading; a clean exit
+/// resigns and the next candidate leads at once; a SIGKILLed leader is followed after its
+/// lease.
+#[test]
+fn elect_runs_the_command_while_leading_and_hands_over() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("elect");
+    // Each candidate logs "<name> <term> <ns>" when it leads, and leads until its go file.
+    let lead = |name: &str| {
+        let script = format!(
+            "echo \"{name} $WAITLOCK_FENCE $(date +%s%N)\" >> log; while [ ! -e go-{name} ]; do sleep 0.01; done"
+        );
+        let mut c = waitlock(&server, &dir);
+        c.args([
+            "elect", "--ttl", "1s", "--wait", "30s", "--value", name, "cron", "--", "sh", "-c",
+        ])
+        .arg(script);
+        Spawned::start(c, &dir, &format!("{name}.err"))
+    };
+    let mut a = lead("a");
+    await_file(&dir, "log", "a leads", |s| s.contains("a "));
+    let mut b = lead("b");
+    let mut c = waitlock(&server, &dir);
+    c.args(["leader", "--json", "cron"]);
+    let deadline = Instant::now() + LIMIT;
+    while status_json(&server, &dir, "cron")["queued"] != 1 {
+        assert!(Instant::now() < deadline, "b never queued");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&output(c).stdout).expect("JSON");
+    assert_eq!(json["leader"]["value"], "a", "{json}");
+    // a's command ends: a resigns, b leads at once.
+    let resigned = common::now_ns();
+    fs::write(dir.path("go-a"), "").expect("go");
+    assert_eq!(a.wait().code(), Some(0), "{}", a.stderr());
+    let log = await_file(&dir, "log", "b leads", |s| s.contains("b "));
+    let line = |who: &str| -> (u64, u64) {
+        let l = log.lines().find(|l| l.starts_with(who)).expect("line");
+        let f: Vec<u64> = l
+            .split(' ')
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (f[0], f[1])
+    };
+    let ((term_a, _), (term_b, b_at)) = (line("a "), line("b "));
+    assert!(term_b > term_a, "terms grow: {log}");
+    let handover = Duration::from_nanos(b_at.saturating_sub(resigned));
+    println!("b's command started {handover:?} after a's command was told to end");
+    assert!(handover < Duration::from_secs(5), "{handover:?}");
+    // b is SIGKILLed while leading (its command is left running, in its own group): a third
+    // candidate leads once b's 1 s lease has run out.
+    let mut c3 = lead("c");
+    std::thread::sleep(Duration::from_millis(300));
+    b.signal("-KILL");
+    let killed = common::now_ns();
+    let log = await_file(&dir, "log", "c leads", |s| s.contains("c "));
+    let c_at = log
+        .lines()
+        .find(|l| l.starts_with("c "))
+        .and_then(|l| l.split(' ').nth(2))
+        .and_then(|t| t.parse::<u64>().ok())
+        .expect("c's line");
+    let after = Duration::from_nanos(c_at.saturating_sub(killed));
+    println!("c led {after:?} after b was killed (lease 1 s)");
+    assert!(
+        after < Duration::from_secs(4),
+        "c led {after:?} after the kill"
+    );
+    fs::write(dir.path("go-b"), "").expect("go");
+    fs::write(dir.path("go-c"), "").expect("go");
+    assert_eq!(c3.wait().code(), Some(0), "{}", c3.stderr());
+}

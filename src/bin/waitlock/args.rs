@@ -116,9 +116,37 @@ pub enum Command {
     )]
     Release(ReleaseArgs),
 
+    /// Campaign in the election NAME and run COMMAND while leading; resign when it exits.
+    #[command(
+        long_about = "Wait in the queue of the election NAME until leading (FIFO across hosts), \
+            announce VALUE as the leader's, run COMMAND while leading, and resign when it \
+            exits: the next candidate leads at once. Exit with COMMAND's status.\n\n\
+            As `run`: the lease is refreshed every 0.8 x TTL, and if leadership is lost the \
+            command's group gets SIGTERM, then SIGKILL after the grace period, and waitlock \
+            exits 75. WAITLOCK_FENCE is the term. -s, -x and --limit do not apply."
+    )]
+    Elect(ElectArgs),
+
     /// Show who leads the election NAME (its value, term, how long, lease left), or that
     /// nobody does; with --watch, again at every change of leader.
     Leader(LeaderArgs),
+}
+
+/// `waitlock elect`.
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// The value to announce as the leader's (default: this process's label).
+    #[arg(long, value_name = "TEXT")]
+    pub value: Option<String>,
+
+    /// After a leader whose lease ran out (it did not resign), wait this long more before
+    /// leading (as Consul's lock-delay).
+    #[arg(long, default_value = "0s", value_parser = duration, value_name = "DURATION")]
+    pub lock_delay: Duration,
+
+    /// The run's options; KEY is the election's name.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// `waitlock leader`.

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status(args, out).await,
             Command::Release(args) => release(args, out).await,
             Command::Leader(args) => leader(args, out).await,
+            Command::Elect(args) => run::elect(args, out).await,
         }
     });
     ExitCode::from(code)

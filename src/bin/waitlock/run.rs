@@ -1,7 +1,7 @@
 //! `waitlock run`: take the lock (or permits of the key: -s, -x, --limit), run the command in
 //! its own process group while refreshing it, release it when the command exits.
 
-use crate::args::RunArgs;
+use crate::args::{ElectArgs, RunArgs};
 use crate::report::{self, describe, exit_code, quoted, secs, Reporter};
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
-use waitlock::{Error, LockGuard, LockOptions, Locker, Queue};
+use waitlock::{Error, Leadership, LockGuard, LockOptions, Locker, Queue};
 
 /// What `run` takes on KEY: the lock, or permits of the key. The only place the two differ;
 /// everything after (waiting, refresh, supervision, release) works on the same `LockGuard`.
@@ -23,6 +23,8 @@ pub enum Hold {
     Exclusive,
     /// One of this many permits of KEY's semaphore (--limit N).
     Limit(u32),
+    /// The leadership of the election KEY (`waitlock elect`).
+    Elect,
 }
 
 impl Hold {
@@ -53,6 +55,12 @@ impl Hold {
             (Hold::Exclusive, true) => locker.rw_lock().write_wait(key, opts).await,
             (Hold::Limit(n), false) => locker.semaphore(n)?.acquire(key, 1, opts).await,
             (Hold::Limit(n), true) => locker.semaphore(n)?.acquire_wait(key, 1, opts).await,
+            // Campaigns go through `elect`, never here.
+            (Hold::Elect, _) => Err(Error::InvalidSetting {
+                field: "hold",
+                value: "elect".into(),
+                reason: "is taken by `waitlock elect` only",
+            }),
         }
     }
 
@@ -65,6 +73,7 @@ impl Hold {
             Hold::Shared => format!("a shared hold of {key}"),
             Hold::Exclusive => format!("an exclusive hold of {key}"),
             Hold::Limit(n) => format!("one of the {n} permits of {key}"),
+            Hold::Elect => format!("the leadership of {key}"),
         }
     }
 
@@ -76,6 +85,7 @@ impl Hold {
             Hold::Shared => format!("shared hold of {key}"),
             Hold::Exclusive => format!("exclusive hold of {key}"),
             Hold::Limit(_) => format!("permit of {key}"),
+            Hold::Elect => format!("leadership of {key}"),
         }
     }
 
@@ -102,8 +112,123 @@ impl Hold {
             Hold::Limit(n) => {
                 format!("all permits of {key} (limit {n}) are held or others wait ({when})")
             }
+            Hold::Elect => format!("{key} has a leader or candidates queued first ({when})"),
         }
     }
+}
+
+/// What a run holds while its command runs: a lock's (or permits') guard, or a leadership.
+pub enum Held {
+    Guard(LockGuard),
+    Lead(Leadership),
+}
+
+impl Held {
+    fn guard(&mut self) -> &mut LockGuard {
+        match self {
+            Held::Guard(g) => g,
+            Held::Lead(l) => l.guard_mut(),
+        }
+    }
+
+    /// Gives it back (a leadership resigns).
+    async fn release(self) -> Result<(), Error> {
+        match self {
+            Held::Guard(g) => g.release().await,
+            Held::Lead(l) => l.resign().await,
+        }
+    }
+
+    /// As `LockGuard::release_after_section` (a leadership resigns after its term).
+    async fn release_after_section(self) -> Result<(), Error> {
+        match self {
+            Held::Guard(g) => g.release_after_section().await,
+            Held::Lead(l) => l.resign_after_term().await,
+        }
+    }
+}
+
+/// `waitlock elect`: campaigns in the election KEY, runs the command while leading, resigns.
+pub async fn elect(args: ElectArgs, out: Reporter) -> u8 {
+    let run = &args.run;
+    if run.shared || run.exclusive || run.limit.is_some() {
+        out.error("-s, -x and --limit do not apply to `elect`".to_owned());
+        return report::USAGE;
+    }
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            out.error(format!("cannot install signal handlers: {e}"));
+            return report::SOFTWARE;
+        }
+    };
+    let key = run.key.as_str();
+    let url = run.conn.url.as_str();
+    let fail = |e: Error| {
+        out.error(describe(&e, url));
+        exit_code(&e, run.conflict_exit_code)
+    };
+    let campaign = async {
+        let locker = connect(run).await?;
+        let value = args.value.clone().unwrap_or_else(|| {
+            run.conn
+                .label
+                .clone()
+                .unwrap_or_else(waitlock::default_label)
+        });
+        let wait = if run.nonblock {
+            Duration::ZERO
+        } else {
+            run.wait
+        };
+        let opts = LockOptions::new().with_ttl(run.ttl).with_wait(wait);
+        let started = Instant::now();
+        let lead = locker
+            .election(key)?
+            .with_lock_delay(args.lock_delay)
+            .campaign(&value, &opts)
+            .await?;
+        out.info(format!(
+            "leading {} as {} after {} (term {})",
+            quoted(key),
+            quoted(&value.escape_debug().to_string()),
+            secs(started.elapsed()),
+            lead.term()
+        ));
+        Ok::<_, Error>((locker, lead))
+    };
+    let led = tokio::select! {
+        led = campaign => led,
+        sig = signals.recv() => {
+            out.info(format!("got {} while campaigning for {}: not running the command", signal_name(sig), quoted(key)));
+            return killed_by(sig);
+        }
+    };
+    let (locker, lead) = match led {
+        Ok(led) => led,
+        Err(e @ (Error::WaitTimeout { .. } | Error::Locked { .. })) => {
+            out.info(format!(
+                "did not lead {}: not running the command",
+                quoted(key)
+            ));
+            return exit_code(&e, run.conflict_exit_code);
+        }
+        Err(e) => return fail(e),
+    };
+    let code = supervise(run, Hold::Elect, Held::Lead(lead), &mut signals, out).await;
+    drop(locker);
+    code
+}
+
+/// The run's queued locker (its prefix and label from the command line).
+async fn connect(args: &RunArgs) -> Result<Locker<Queue>, Error> {
+    let mut builder = Locker::connect_with(&args.conn.url, &args.conn.options())
+        .await?
+        .prefix(args.conn.prefix.as_str());
+    if let Some(label) = &args.conn.label {
+        builder = builder.label(label.as_str());
+    }
+    builder.queued().build().await
 }
 
 /// The signals forwarded to the command (and that end a wait for the lock).
@@ -191,7 +316,7 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
         Ok(held) => held,
         Err(code) => return code,
     };
-    let code = supervise(&args, hold, guard, &mut signals, out).await;
+    let code = supervise(&args, hold, Held::Guard(guard), &mut signals, out).await;
     // With --verbose: the locker's counters (waits, grants, losses) for this run.
     tracing::debug!(stats = ?locker.stats(), "lock statistics");
     drop(locker);
@@ -208,17 +333,7 @@ async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue
         exit_code(&e, args.conflict_exit_code)
     };
     tracing::debug!(url = %report::redact(url), "connecting");
-    let locker = async {
-        let mut builder = Locker::connect_with(url, &args.conn.options())
-            .await?
-            .prefix(args.conn.prefix.as_str());
-        if let Some(label) = &args.conn.label {
-            builder = builder.label(label.as_str());
-        }
-        builder.queued().build().await
-    }
-    .await
-    .map_err(fail)?;
+    let locker = connect(args).await.map_err(fail)?;
 
     let once = LockOptions::new()
         .with_ttl(args.ttl)
@@ -271,12 +386,13 @@ async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue
 async fn supervise(
     args: &RunArgs,
     hold: Hold,
-    mut guard: LockGuard,
+    mut held: Held,
     signals: &mut Signals,
     out: Reporter,
 ) -> u8 {
     let key = args.key.as_str();
     let held_since = Instant::now();
+    let guard = held.guard();
     let lost = guard.keep_alive();
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut command = tokio::process::Command::new(program);
@@ -299,7 +415,7 @@ async fn supervise(
                 out.error(format!("cannot run {name:?}: {e}"));
                 report::CANNOT_EXECUTE
             };
-            release(guard, hold.target(key), out).await;
+            release(held, hold.target(key), out).await;
             return code;
         }
     };
@@ -320,7 +436,7 @@ async fn supervise(
                 signal_group(pgid, sig);
             }
             _ = lost.cancelled(), if lost_at.is_none() => {
-                let why = guard.loss().map_or_else(|| "unknown reason".to_owned(), |r| r.to_string());
+                let why = held.guard().loss().map_or_else(|| "unknown reason".to_owned(), |r| r.to_string());
                 out.error(format!(
                     "{} lost after {} ({why}): terminating the command (SIGTERM, SIGKILL after {})",
                     hold.held(key), secs(held_since.elapsed()), secs(args.grace)
@@ -341,7 +457,7 @@ async fn supervise(
             // Not expected: the child was spawned by us and is waited for only here.
             out.error(format!("cannot wait for the command: {e}"));
             signal_group(pgid, libc::SIGKILL);
-            release(guard, hold.target(key), out).await;
+            release(held, hold.target(key), out).await;
             return report::SOFTWARE;
         }
     };
@@ -353,12 +469,12 @@ async fn supervise(
             secs(at.elapsed()),
             hold.held(key)
         ));
-        release(guard, hold.target(key), out).await;
+        release(held, hold.target(key), out).await;
         return report::LOST;
     }
     // The library's rule (`run`'s): a release that only came late after the command ended
     // within the lease is not a lost lock.
-    match guard.release_after_section().await {
+    match held.release_after_section().await {
         Ok(()) => code,
         Err(Error::Expired { .. }) => {
             out.error(format!(
@@ -382,8 +498,8 @@ async fn supervise(
 
 /// Releases after a failure (the exit code is decided already): says only what is useful.
 /// `what` is [`Hold::target`]'s.
-async fn release(guard: LockGuard, what: String, out: Reporter) {
-    match guard.release().await {
+async fn release(held: Held, what: String, out: Reporter) {
+    match held.release().await {
         Ok(()) | Err(Error::NotHeld { .. }) => {}
         Err(e) => out.error(format!(
             "could not release {what}: {e}; it expires by its TTL"
