@@ -1548,7 +1548,7 @@ fn elect_runs_the_command_while_leading_and_hands_over() {
     };
     let mut a = lead("a");
     await_file(&dir, "log", "a leads", |s| s.contains("a "));
-    let mut b = lead("b");
+    let b = lead("b");
     let mut c = waitlock(&server, &dir);
     c.args(["leader", "--json", "cron"]);
     let deadline = Instant::now() + LIMIT;
