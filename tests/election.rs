@@ -168,3 +168,68 @@ async fn run_as_leader_runs_with_the_term_and_resigns_after() {
         "{e}"
     );
 }
+
+/// Observers survive their tracking connection being cut and Redis restarting (empty): they
+/// read again once tracking is on again, and follow the next changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_follow_through_a_killed_connection_and_a_restart() {
+    let mut server = RedisServer::start();
+    let admin = server.client().await;
+    let (a, b, watcher) = (
+        candidate(&server).await,
+        candidate(&server).await,
+        candidate(&server).await,
+    );
+    let mut seen = watcher
+        .election("jobs")
+        .expect("name")
+        .observe()
+        .await
+        .expect("observe");
+    let first = a
+        .election("jobs")
+        .expect("name")
+        .campaign("a", &opts())
+        .await
+        .expect("a leads");
+    seen.wait_for(|l| l.as_ref().is_some_and(|l| l.value == "a"))
+        .await
+        .expect("saw a");
+    // Every normal connection cut, the tracking one among them.
+    let _: i64 = common::cmd(&admin, "CLIENT KILL TYPE normal", vec![]).await;
+    first.resign().await.ok();
+    let second = b
+        .election("jobs")
+        .expect("name")
+        .campaign("b", &opts())
+        .await
+        .expect("b leads");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.term == second.term())),
+    )
+    .await
+    .expect("saw b after the kill")
+    .expect("observing");
+    // Redis restarts empty: nobody leads; then a new leader is seen again.
+    server.restart();
+    tokio::time::timeout(Duration::from_secs(35), seen.wait_for(Option::is_none))
+        .await
+        .expect("saw nobody leading after the restart")
+        .expect("observing");
+    drop(second);
+    let third = a
+        .election("jobs")
+        .expect("name")
+        .campaign("a again", &opts())
+        .await
+        .expect("a leads again");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.value == "a again")),
+    )
+    .await
+    .expect("saw a again after the restart")
+    .expect("observing");
+    third.resign().await.expect("resign");
+}
