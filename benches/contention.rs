@@ -703,13 +703,7 @@ fn selected(flag: &str, value: &str) -> bool {
 }
 
 async fn coordinator(quick: bool) {
-    let server = if std::env::var("REDIS_URL").is_ok() {
-        None
-    } else {
-        Some(common::RedisServer::start())
-    };
-    let url = std::env::var("REDIS_URL")
-        .unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
+    let (server, url) = common::bench_redis();
     let admin = common::client_for(&url).await;
     let version: String = common::cmd(&admin, "INFO server", vec![]).await;
     let version = version

@@ -86,40 +86,6 @@ async fn queued_locker(url: &str) -> Locker<Queue> {
         .expect("queued locker")
 }
 
-/// Takes `n` keys `prefix-0..n`, 64 at a time; keeps each alive when `keep`.
-async fn hold<S: waitlock::strategy::Strategy>(
-    locker: &Locker<S>,
-    prefix: &str,
-    n: usize,
-    opts: &LockOptions,
-    keep: bool,
-) -> Vec<waitlock::LockGuard> {
-    let per = n.div_ceil(64).max(1);
-    let mut tasks = Vec::new();
-    for t in 0..n.div_ceil(per) {
-        let (locker, opts, prefix) = (locker.clone(), opts.clone(), prefix.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let mut guards = Vec::new();
-            for i in t * per..((t + 1) * per).min(n) {
-                let mut g = locker
-                    .acquire(&format!("{prefix}-{i}"), &opts)
-                    .await
-                    .expect("acquire a free key");
-                if keep {
-                    g.keep_alive();
-                }
-                guards.push(g);
-            }
-            guards
-        }));
-    }
-    let mut all = Vec::with_capacity(n);
-    for t in tasks {
-        all.extend(t.await.expect("task"));
-    }
-    all
-}
-
 async fn release_all(guards: Vec<waitlock::LockGuard>) {
     let mut tasks = Vec::new();
     let mut guards = guards.into_iter().peekable();
@@ -146,7 +112,7 @@ async fn refreshing(url: &str, admin: &Client, n: usize, ttl: Duration) -> Point
     let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(ratio);
     // The heap of the guards alone, then with their keep-alive.
     let heap0 = live_heap();
-    let mut guards = hold(&locker, "refreshing", n, &opts, false).await;
+    let mut guards = common::hold_many(&locker, "refreshing", n, &opts, false).await;
     let heap_guards = live_heap();
     for g in guards.iter_mut() {
         g.keep_alive();
@@ -201,7 +167,7 @@ async fn held(url: &str, admin: &Client, n: usize, pairs: usize) -> Point {
     let opts = LockOptions::new()
         .with_ttl(Duration::from_secs(120))
         .with_refresh(Refresh::Off);
-    let guards = hold(&locker, "held", n, &opts, false).await;
+    let guards = common::hold_many(&locker, "held", n, &opts, false).await;
     let before = commandstats(admin).await;
     let cpu0 = redis_cpu_us(admin).await;
     let mut took = Vec::with_capacity(pairs);
@@ -344,13 +310,7 @@ fn selected(curve: &str) -> bool {
 }
 
 async fn coordinator(quick: bool) {
-    let server = if std::env::var("REDIS_URL").is_ok() {
-        None
-    } else {
-        Some(common::RedisServer::start())
-    };
-    let url = std::env::var("REDIS_URL")
-        .unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
+    let (_server, url) = common::bench_redis();
     let admin = common::client_for(&url).await;
     println!(
         "waitlock cost curves ({}) against {url}",

@@ -44,13 +44,7 @@ fn quantiles(name: &str, v: &mut [f64]) {
 }
 
 async fn main_async(quick: bool) {
-    let server = if std::env::var("REDIS_URL").is_ok() {
-        None
-    } else {
-        Some(common::RedisServer::start())
-    };
-    let url = std::env::var("REDIS_URL")
-        .unwrap_or_else(|_| server.as_ref().map(|s| s.url()).unwrap_or_default());
+    let (_server, url) = common::bench_redis();
     let admin = common::client_for(&url).await;
     println!("waitlock election benchmark against {url}");
     let opts = LockOptions::new()

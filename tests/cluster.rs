@@ -682,16 +682,19 @@ async fn one_refresher_keeps_locks_on_every_primary_through_a_cut_connection() {
         g.keep_alive();
         guards.push(g);
     }
-    let calls_before: u64 = cluster
-        .primaries()
-        .iter()
-        .map(|p| {
-            common::command_calls(&cli(*p, &["info", "commandstats"]))
-                .get("evalsha")
-                .copied()
-                .unwrap_or(0)
-        })
-        .sum();
+    let evalshas = || -> u64 {
+        cluster
+            .primaries()
+            .iter()
+            .map(|p| {
+                common::command_calls(&cli(*p, &["info", "commandstats"]))
+                    .get("evalsha")
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    let calls_before = evalshas();
     let start = Instant::now();
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     // Every normal connection to one primary cut (the locker's among them).
@@ -702,17 +705,7 @@ async fn one_refresher_keeps_locks_on_every_primary_through_a_cut_connection() {
     for g in &guards {
         assert_eq!(g.loss(), None, "{} was reported lost", g.key());
     }
-    let calls: u64 = cluster
-        .primaries()
-        .iter()
-        .map(|p| {
-            common::command_calls(&cli(*p, &["info", "commandstats"]))
-                .get("evalsha")
-                .copied()
-                .unwrap_or(0)
-        })
-        .sum::<u64>()
-        - calls_before;
+    let calls = evalshas() - calls_before;
     println!(
         "{} locks on {} primaries: {calls} script calls in {periods:.1} refresh periods",
         keys.len(),

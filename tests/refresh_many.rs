@@ -10,32 +10,6 @@ use tokio::time::Instant;
 use waitlock::fred::prelude::*;
 use waitlock::{LockGuard, LockOptions, Locker};
 
-/// Takes `n` distinct keys `prefix-0..n` with `opts`, 64 at a time, and keeps each alive.
-async fn hold_many(locker: &Locker, prefix: &str, n: usize, opts: &LockOptions) -> Vec<LockGuard> {
-    let mut tasks = Vec::new();
-    let per = n.div_ceil(64);
-    for t in 0..64 {
-        let (locker, opts, prefix) = (locker.clone(), opts.clone(), prefix.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let mut guards = Vec::new();
-            for i in t * per..((t + 1) * per).min(n) {
-                let mut g = locker
-                    .acquire(&format!("{prefix}-{i}"), &opts)
-                    .await
-                    .expect("acquire a free key");
-                g.keep_alive();
-                guards.push(g);
-            }
-            guards
-        }));
-    }
-    let mut all = Vec::with_capacity(n);
-    for t in tasks {
-        all.extend(t.await.expect("task"));
-    }
-    all
-}
-
 /// Every guard still holds its key in Redis and has seen no loss.
 async fn all_held(admin: &Client, guards: &[LockGuard]) {
     for g in guards {
@@ -61,7 +35,7 @@ async fn ten_thousand_guards_stay_held_through_a_killed_connection_in_few_calls(
         .with_ttl(Duration::from_secs(3))
         .with_refresh_ratio(0.5);
     let n = 10_000;
-    let guards = hold_many(&locker, "many", n, &opts).await;
+    let guards = common::hold_many(&locker, "many", n, &opts, true).await;
     let calls_before = script_calls(&admin).await;
     let start = Instant::now();
     // Mid-run, the locker's connection is cut; fred reconnects, the refresher retries.
@@ -97,7 +71,7 @@ async fn a_key_deleted_behind_one_guard_fires_that_guards_token_and_no_other() {
     let ttl = Duration::from_millis(1_000);
     let period = ttl / 2;
     let opts = LockOptions::new().with_ttl(ttl).with_refresh_ratio(0.5);
-    let mut guards = hold_many(&locker, "one-of-many", 300, &opts).await;
+    let mut guards = common::hold_many(&locker, "one-of-many", 300, &opts, true).await;
     let mut victim = guards.swap_remove(123);
     let lost = victim.keep_alive();
     let _: i64 = admin.del(lock_key(victim.key())).await.expect("DEL");
@@ -128,8 +102,8 @@ async fn mixed_ttls_share_one_refresher_and_each_keeps_its_own_times() {
     let locker = Locker::new(server.client().await);
     let short = LockOptions::new().with_ttl(Duration::from_secs(1));
     let long = LockOptions::new().with_ttl(Duration::from_secs(60));
-    let mut guards = hold_many(&locker, "short", 50, &short).await;
-    guards.extend(hold_many(&locker, "long", 50, &long).await);
+    let mut guards = common::hold_many(&locker, "short", 50, &short, true).await;
+    guards.extend(common::hold_many(&locker, "long", 50, &long, true).await);
     // Three seconds: the 1 s locks need three refreshes or more to be held; the 60 s locks are
     // due at 48 s (ratio 0.8) and are not refreshed at all.
     tokio::time::sleep(Duration::from_secs(3)).await;

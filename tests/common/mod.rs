@@ -418,6 +418,52 @@ pub async fn lock_names(client: &Client) -> Vec<String> {
     names
 }
 
+/// The Redis a benchmark uses: `$REDIS_URL`, or a private server started here (returned, so
+/// that it lives as long as the benchmark).
+pub fn bench_redis() -> (Option<RedisServer>, String) {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return (None, url);
+    }
+    let server = RedisServer::start();
+    let url = server.url();
+    (Some(server), url)
+}
+
+/// Takes `n` distinct keys `prefix-0..n` with `opts`, 64 at a time; keeps each alive when
+/// `keep`.
+pub async fn hold_many<S: waitlock::strategy::Strategy>(
+    locker: &waitlock::Locker<S>,
+    prefix: &str,
+    n: usize,
+    opts: &waitlock::LockOptions,
+    keep: bool,
+) -> Vec<waitlock::LockGuard> {
+    let per = n.div_ceil(64).max(1);
+    let mut tasks = Vec::new();
+    for t in 0..n.div_ceil(per) {
+        let (locker, opts, prefix) = (locker.clone(), opts.clone(), prefix.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut guards = Vec::new();
+            for i in t * per..((t + 1) * per).min(n) {
+                let mut g = locker
+                    .acquire(&format!("{prefix}-{i}"), &opts)
+                    .await
+                    .expect("acquire a free key");
+                if keep {
+                    g.keep_alive();
+                }
+                guards.push(g);
+            }
+            guards
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all
+}
+
 /// How many waiters the Redis queue of `key` holds.
 pub async fn queued(client: &Client, key: &str) -> i64 {
     cmd(client, "ZCARD", vec![Value::from(queue_key(key))]).await
