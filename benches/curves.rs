@@ -76,16 +76,6 @@ fn calls_since(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> (
     (scripts, all)
 }
 
-async fn queued_locker(url: &str) -> Locker<Queue> {
-    Locker::connect(url)
-        .await
-        .expect("connect")
-        .queued()
-        .build()
-        .await
-        .expect("queued locker")
-}
-
 async fn release_all(guards: Vec<waitlock::LockGuard>) {
     let mut tasks = Vec::new();
     let mut guards = guards.into_iter().peekable();
@@ -347,7 +337,7 @@ async fn coordinator(quick: bool) {
         } else {
             &[1, 100, 1_000, 10_000]
         };
-        let locker = queued_locker(&url).await;
+        let locker = common::queued_locker(&url).await;
         for &n in sizes {
             let acquisitions = if quick { 200 } else { 1_000 };
             // n queued behind every holder: n + 1 tasks.
@@ -369,7 +359,7 @@ async fn coordinator(quick: bool) {
         for &n in sizes {
             let mut lockers = Vec::new();
             for _ in 0..n {
-                lockers.push(queued_locker(&url).await);
+                lockers.push(common::queued_locker(&url).await);
             }
             let acquisitions = if quick { 200 } else { 1_000 };
             // n lockers, one task each.

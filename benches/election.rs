@@ -16,17 +16,7 @@ use common::pct;
 use common::server_info::commandstats;
 use std::time::Duration;
 use tokio::time::Instant;
-use waitlock::{LockOptions, Locker, Queue, Refresh};
-
-async fn candidate(url: &str) -> Locker<Queue> {
-    Locker::connect(url)
-        .await
-        .expect("connect")
-        .queued()
-        .build()
-        .await
-        .expect("queued locker")
-}
+use waitlock::{LockOptions, Refresh};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -53,9 +43,9 @@ async fn main_async(quick: bool) {
 
     // 1. Failover on a clean resign, and the observer's lag.
     let (a, b, o) = (
-        candidate(&url).await,
-        candidate(&url).await,
-        candidate(&url).await,
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
     );
     let name = "bench-resign";
     let mut seen = o
@@ -144,7 +134,7 @@ async fn main_async(quick: bool) {
     // 3. An idle election: 10 candidates (1 leads, 9 queued), 100 observers in 10 lockers.
     let mut candidates = Vec::new();
     for _ in 0..10 {
-        candidates.push(candidate(&url).await);
+        candidates.push(common::queued_locker(&url).await);
     }
     let idle = "bench-idle";
     let lead = candidates[0]
