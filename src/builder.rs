@@ -289,7 +289,7 @@ impl LockerBuilder<Queue> {
         let hub = crate::wait::notify::hub::open(&engine).await?;
         // The label, once (its task writes it again later): `status` names this process from
         // its first acquisition on. A failure here is not the locker's: the task retries.
-        crate::wait::notify::hub::write_label(&engine, &hub.pid).await;
+        engine.write_label(&hub.pid).await;
         Ok(Locker {
             engine,
             strategy: Queue { hub },

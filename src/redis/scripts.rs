@@ -266,6 +266,14 @@ fn unexpected(names: &Names, op: Op, reply: &[i64]) -> Error {
     }
 }
 
+/// A reply element as text: its bytes (lossy UTF-8) or, for another kind, what fred makes of
+/// it.
+fn text(v: &Value) -> Option<String> {
+    v.as_bytes()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .or_else(|| v.as_string())
+}
+
 fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
@@ -586,26 +594,14 @@ impl Engine {
         term: u64,
         value: &str,
     ) -> Result<Option<String>> {
-        let keys = vec![names.lock.clone(), names.leader()];
         let args = vec![token.to_owned(), term.to_string(), value.to_owned()];
+        let client = self.backend.client_for(token);
         let reply: Vec<Value> = self
-            .eval_with(
-                self.backend.client_for(token),
-                &self.scripts.announce,
-                names,
-                keys,
-                args,
-                self.command_timeout,
-                Via::Sha,
-            )
+            .election_call(client, &self.scripts.announce, names, args)
             .await?;
         match reply.as_slice() {
             [code, ..] if code.as_i64() == Some(0) => Ok(None),
-            [code, prev] if code.as_i64() == Some(1) => Ok(Some(
-                prev.as_bytes()
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-                    .unwrap_or_default(),
-            )),
+            [code, prev] if code.as_i64() == Some(1) => Ok(Some(text(prev).unwrap_or_default())),
             _ => Err(unexpected(names, Op::Acquire, &[])),
         }
     }
@@ -613,47 +609,47 @@ impl Engine {
     /// Election: marks `token`'s record resigned (kept for the retention). True when it was
     /// `token`'s.
     pub(crate) async fn resign_record(&self, names: &Names, token: &str) -> Result<bool> {
-        let keys = vec![names.lock.clone(), names.leader()];
         let args = vec![token.to_owned(), ms(self.retention).to_string()];
+        let client = self.backend.client_for(token);
         let marked: i64 = self
-            .eval_with(
-                self.backend.client_for(token),
-                &self.scripts.resign,
-                names,
-                keys,
-                args,
-                self.command_timeout,
-                Via::Sha,
-            )
+            .election_call(client, &self.scripts.resign, names, args)
             .await?;
         Ok(marked == 1)
+    }
+
+    /// An election script on `client` with its `KEYS` (the lock, the record) and `args`.
+    async fn election_call<R: FromValue>(
+        &self,
+        client: &Client,
+        lua: &Lua,
+        names: &Names,
+        args: Vec<String>,
+    ) -> Result<R> {
+        let keys = vec![names.lock.clone(), names.leader()];
+        self.eval_with(
+            client,
+            lua,
+            names,
+            keys,
+            args,
+            self.command_timeout,
+            Via::Sha,
+        )
+        .await
     }
 
     /// Election: the lock's value (empty when free), its PTTL, the record (empty when none)
     /// and Redis' time (µs), read in one call.
     pub(crate) async fn read_leader(&self, names: &Names) -> Result<(String, i64, String, u64)> {
-        let keys = vec![names.lock.clone(), names.leader()];
+        let client = self.backend.next_client();
         let reply: Vec<Value> = self
-            .eval_with(
-                self.backend.next_client(),
-                &self.scripts.read_leader,
-                names,
-                keys,
-                Vec::new(),
-                self.command_timeout,
-                Via::Sha,
-            )
+            .election_call(client, &self.scripts.read_leader, names, Vec::new())
             .await?;
-        let text = |v: &Value| {
-            v.as_bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .unwrap_or_default()
-        };
         match reply.as_slice() {
             [lock, pttl, record, now] => Ok((
-                text(lock),
+                text(lock).unwrap_or_default(),
                 pttl.as_i64().unwrap_or(-2),
-                text(record),
+                text(record).unwrap_or_default(),
                 now.as_i64().unwrap_or(0).max(0) as u64,
             )),
             _ => Err(unexpected(names, Op::Status, &[])),
@@ -799,12 +795,7 @@ impl Engine {
         }
         let (head, rest) = reply.split_at(6);
         let int = |v: &Value| v.as_i64().ok_or_else(malformed);
-        let text = |v: &Value| {
-            v.as_bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .or_else(|| v.as_string())
-                .ok_or_else(malformed)
-        };
+        let text = |v: &Value| text(v).ok_or_else(malformed);
         let holder = text(&head[5])?;
         let mut waiters = Vec::with_capacity(rest.len() / 2);
         for pair in rest.chunks_exact(2) {
@@ -832,30 +823,11 @@ impl Engine {
         if pids.is_empty() {
             return Ok(Default::default());
         }
-        let keys: Vec<String> = pids
+        let keys: Vec<Value> = pids
             .iter()
-            .map(|pid| crate::keys::label_key(&self.prefix, pid))
+            .map(|pid| crate::keys::label_key(&self.prefix, pid).into())
             .collect();
-        let slot = fred::util::redis_keyslot(keys[0].as_bytes());
-        let mget = self.backend.next_client().custom::<Vec<Value>, String>(
-            fred::types::CustomCommand::new_static("MGET", Some(slot), false),
-            keys,
-        );
-        let failed = |source| Error::Redis {
-            key: pids.join(","),
-            op: Op::Status,
-            source,
-        };
-        let values = match tokio::time::timeout(self.command_timeout, Box::pin(mget)).await {
-            Err(_) => {
-                return Err(Error::Timeout {
-                    key: pids.join(","),
-                    op: Op::Status,
-                    after: self.command_timeout,
-                })
-            }
-            Ok(r) => r.map_err(failed)?,
-        };
+        let values: Vec<Value> = self.label_command("MGET", keys, pids.join(",")).await?;
         Ok(pids
             .iter()
             .zip(&values)
@@ -864,6 +836,50 @@ impl Engine {
                 Some((pid.clone(), label))
             })
             .collect())
+    }
+
+    /// Writes process `pid`'s label (`LockerBuilder::label`) for `status`, kept for the
+    /// retention; false when Redis did not take it in time.
+    pub(crate) async fn write_label(&self, pid: &str) -> bool {
+        let key = crate::keys::label_key(&self.prefix, pid);
+        let px = self.retention.as_millis().max(1) as i64;
+        let args = vec![
+            key.into(),
+            self.label.as_str().into(),
+            "PX".into(),
+            px.into(),
+        ];
+        self.label_command::<Value>("SET", args, pid.to_owned())
+            .await
+            .is_ok()
+    }
+
+    /// `cmd` on the label keys' one hash slot (the first argument is a label key), bounded by
+    /// the command timeout; errors name `key`.
+    async fn label_command<R: FromValue>(
+        &self,
+        cmd: &'static str,
+        args: Vec<Value>,
+        key: String,
+    ) -> Result<R> {
+        let first = args.first().and_then(text).unwrap_or_default();
+        let slot = fred::util::redis_keyslot(first.as_bytes());
+        let call = self.backend.next_client().custom::<R, Value>(
+            fred::types::CustomCommand::new_static(cmd, Some(slot), false),
+            args,
+        );
+        match tokio::time::timeout(self.command_timeout, Box::pin(call)).await {
+            Err(_) => Err(Error::Timeout {
+                key,
+                op: Op::Status,
+                after: self.command_timeout,
+            }),
+            Ok(r) => r.map_err(|source| Error::Redis {
+                key,
+                op: Op::Status,
+                source,
+            }),
+        }
     }
 
     /// A permit key's state and the first `waiters` queue members (100 at most), read in one

@@ -65,22 +65,6 @@ pub(crate) struct Hub {
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// Writes process `pid`'s label (`LockerBuilder::label`) for `status`, kept for the
-/// retention; false when Redis did not take it in time.
-pub(crate) async fn write_label(e: &Engine, pid: &str) -> bool {
-    let key = crate::keys::label_key(&e.prefix, pid);
-    let px = e.retention.as_millis().max(1) as i64;
-    let slot = fred::util::redis_keyslot(key.as_bytes());
-    let set = e.backend.next_client().custom::<Value, Value>(
-        fred::types::CustomCommand::new_static("SET", Some(slot), false),
-        vec![key.into(), e.label.as_str().into(), "PX".into(), px.into()],
-    );
-    matches!(
-        tokio::time::timeout(e.command_timeout, Box::pin(set)).await,
-        Ok(Ok(_))
-    )
-}
-
 /// Writes the label again every third of the retention (5 s after a failure), so it lives
 /// while the process does and the retention after; the first write is `build`'s. Off every
 /// acquisition's path: one command per third of the retention.
@@ -95,7 +79,7 @@ async fn keep_label(engine: Weak<Engine>, pid: String) {
             return;
         };
         let every = e.retention / 3;
-        next = if write_label(&e, &pid).await {
+        next = if e.write_label(&pid).await {
             every
         } else {
             every.min(Duration::from_secs(5))
