@@ -142,16 +142,7 @@ impl Leadership {
     /// # Cancel safety
     /// As [`resign`](Self::resign).
     pub async fn resign_after_term(self) -> Result<()> {
-        let engine = self.guard.engine();
-        let (names, token) = (self.names.clone(), self.guard.token().to_owned());
-        let (marked, ended) = tokio::join!(
-            engine.resign_record(&names, &token),
-            self.guard.release_after_section()
-        );
-        if let Err(e) = marked {
-            tracing::warn!(name = %names.key, error = %e, "could not mark the leadership resigned");
-        }
-        ended
+        self.resign_then(LockGuard::release_after_section).await
     }
 
     /// Gives leadership up: marks the record resigned (the next leader waits no lock delay)
@@ -164,12 +155,21 @@ impl Leadership {
     /// Cancel safe: if dropped, the guard's drop releases in the background (without the
     /// resigned mark, so the next leader may wait the lock delay).
     pub async fn resign(self) -> Result<()> {
+        self.resign_then(LockGuard::release).await
+    }
+
+    /// Marks the record resigned and gives the guard to `release`, both sent at once on the
+    /// token's one connection, the mark first: Redis runs them in that order, and the release
+    /// does not wait a round trip for the mark. A failed mark is only logged.
+    async fn resign_then<F, Fut>(self, release: F) -> Result<()>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
         let engine = self.guard.engine();
-        let (names, token) = (self.names.clone(), self.guard.token().to_owned());
-        // Both on the token's one connection, the mark first: Redis runs them in that order,
-        // and the release does not wait a round trip for the mark.
+        let (names, token) = (self.names, self.guard.token().to_owned());
         let (marked, released) =
-            tokio::join!(engine.resign_record(&names, &token), self.guard.release());
+            tokio::join!(engine.resign_record(&names, &token), release(self.guard));
         if let Err(e) = marked {
             tracing::warn!(name = %names.key, error = %e, "could not mark the leadership resigned");
         }
