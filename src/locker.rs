@@ -176,8 +176,7 @@ impl<S: Strategy> Locker<S> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.engine, key, opts, "")
-            .map(|r| r.token_of(self.strategy.process_id()));
+        let req = Request::attempt(&self.engine, key, opts, self.strategy.process_id());
         wait::acquire(&self.engine, key, req).await
     }
 

@@ -74,11 +74,34 @@ impl Request {
         opts: &LockOptions,
         pid: &str,
     ) -> Result<Request> {
+        Self::with_token_of(engine, key, opts, pid, pid)
+    }
+
+    /// A queued locker's one attempt, which does not queue: the call sends no process id, but
+    /// a token generated for it names process `pid` (its holder is then named in `status`,
+    /// and the scripts know the holder's process as they do for a queued waiter's).
+    pub(crate) fn attempt(
+        engine: &Engine,
+        key: &str,
+        opts: &LockOptions,
+        pid: &str,
+    ) -> Result<Request> {
+        Self::with_token_of(engine, key, opts, pid, "")
+    }
+
+    /// A request sent with process id `pid` whose generated token names `token_pid`.
+    fn with_token_of(
+        engine: &Engine,
+        key: &str,
+        opts: &LockOptions,
+        token_pid: &str,
+        pid: &str,
+    ) -> Result<Request> {
         let plan = opts.validate(key)?;
         let names = engine.names(key)?;
         let (token, own_token) = match opts.token() {
             Some(t) => (Arc::from(t), false),
-            None => (Arc::from(own_token(pid)), true),
+            None => (Arc::from(own_token(token_pid)), true),
         };
         Ok(Request {
             names,
@@ -87,17 +110,6 @@ impl Request {
             plan,
             pid: pid.to_owned(),
         })
-    }
-
-    /// A token generated for this call names process `pid` (a queued locker's one attempt,
-    /// which does not queue: its holder is then named in `status`, and the scripts know the
-    /// holder's process as they do for a queued waiter's). The call itself still sends no
-    /// process id.
-    pub(crate) fn token_of(mut self, pid: &str) -> Request {
-        if self.own_token && !pid.is_empty() {
-            self.token = Arc::from(own_token(pid));
-        }
-        self
     }
 
     /// A request for `weight` of the `limit` permits on `key` (a semaphore's or a read-write
