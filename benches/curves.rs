@@ -22,9 +22,8 @@
 mod common;
 
 use common::alloc::live_heap;
-use common::server_info::{commandstats, redis_cpu_us};
+use common::server_info::{calls_since, commandstats, redis_cpu_us};
 use common::{cmd, pct};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,18 +61,6 @@ impl Point {
             .collect();
         format!("{:<11} x={:<7} {}", self.curve, self.x, figures.join(" "))
     }
-}
-
-/// Script calls and every command (client calls and those inside scripts) since `before`.
-fn calls_since(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> (u64, u64) {
-    let d = |n: &str| after.get(n).unwrap_or(&0) - before.get(n).unwrap_or(&0);
-    let scripts = d("evalsha") + d("eval");
-    let all: u64 = after
-        .keys()
-        .filter(|n| !n.starts_with("info") && !n.starts_with("client") && *n != "config|get")
-        .map(|n| d(n))
-        .sum();
-    (scripts, all)
 }
 
 async fn release_all(guards: Vec<waitlock::LockGuard>) {

@@ -13,7 +13,7 @@
 mod common;
 
 use common::pct;
-use common::server_info::commandstats;
+use common::server_info::{calls_since, commandstats};
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::{LockOptions, Refresh};
@@ -169,11 +169,7 @@ async fn main_async(quick: bool) {
     let before = commandstats(&admin).await;
     tokio::time::sleep(window).await;
     let after = commandstats(&admin).await;
-    let calls: u64 = after
-        .iter()
-        .filter(|(n, _)| !n.starts_with("info") && !n.starts_with("client"))
-        .map(|(n, v)| v - before.get(n).unwrap_or(&0))
-        .sum();
+    let (_, calls) = calls_since(&before, &after);
     println!(
         "idle election, 10 candidates and 100 observers: {calls} commands in {window:?} ({:.2}/s; the leader's lease is 10 s, refreshed every 8 s)",
         calls as f64 / window.as_secs_f64()

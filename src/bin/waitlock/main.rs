@@ -301,14 +301,7 @@ async fn leader(args: LeaderArgs, out: Reporter) -> u8 {
             return Ok::<_, Error>(());
         }
         let mut changes = election.observe().await?;
-        let mut interrupt = tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::interrupt(),
-        )
-        .map_err(|e| Error::InvalidSetting {
-            field: "SIGINT handler",
-            value: e.to_string(),
-            reason: "cannot be installed",
-        })?;
+        let mut interrupt = watch::interrupt()?;
         print(&changes.borrow_and_update().clone());
         loop {
             tokio::select! {

@@ -11,7 +11,7 @@
 
 use super::args::StatusArgs;
 use std::time::Duration;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use waitlock::fred::interfaces::{ClientLike, EventInterface, TrackingInterface};
@@ -30,6 +30,15 @@ fn redis_error(key: &str, source: waitlock::fred::error::Error) -> Error {
         op: waitlock::Op::Status,
         source,
     }
+}
+
+/// The SIGINT (Ctrl-C) that ends a `--watch`.
+pub fn interrupt() -> Result<Signal, Error> {
+    signal(SignalKind::interrupt()).map_err(|e| Error::InvalidSetting {
+        field: "SIGINT handler",
+        value: e.to_string(),
+        reason: "cannot be installed",
+    })
 }
 
 pub async fn watch(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
@@ -55,11 +64,7 @@ pub async fn watch(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
             .map_err(|e| redis_error(key, e))
     };
     track().await?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| Error::InvalidSetting {
-        field: "SIGINT handler",
-        value: e.to_string(),
-        reason: "cannot be installed",
-    })?;
+    let mut interrupt = interrupt()?;
     let start = Instant::now();
     let snapshot = |at: Instant| {
         println!("--- +{:.3} s ---", at.duration_since(start).as_secs_f64());
