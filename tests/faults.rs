@@ -534,6 +534,16 @@ async fn scenario_redis_restart(
         let restarted = std::cell::Cell::new(u64::MAX);
         let t = contend(env, &key, 4, &spec, || async {
             tokio::time::sleep(Duration::from_millis(1500)).await;
+            // While a holder holds (the lock is free for moments between holds): that holder's
+            // release or refresh is what must learn that its lock vanished.
+            let until = tokio::time::Instant::now() + Duration::from_secs(3);
+            loop {
+                let held: Option<String> = env.admin.get(lock_key(&key)).await.unwrap_or(None);
+                if held.is_some() || tokio::time::Instant::now() > until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             restart(&key);
             restarted.set(now_ns());
         })
