@@ -19,6 +19,10 @@ use fred::types::{FromValue, Value};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod election;
+mod status;
+pub(crate) use status::{RawPermits, RawStatus};
+
 /// A lock script: the queue layer, the lock's value grammar, the script.
 macro_rules! lua {
     ($file:literal) => {
@@ -151,38 +155,6 @@ pub(crate) enum Released {
     Deleted,
     /// Handed to the oldest live waiter.
     HandedOver,
-}
-
-/// What a status read found.
-#[derive(Debug, Clone)]
-pub(crate) struct RawStatus {
-    pub(crate) state: i64,
-    pub(crate) pttl: i64,
-    pub(crate) fence: u64,
-    pub(crate) queued: u64,
-    /// Redis' clock when it ran (µs).
-    pub(crate) now_us: u64,
-    /// The holder's token, if held.
-    pub(crate) holder: Option<String>,
-    /// The first queue members and when each queued (Redis time, µs).
-    pub(crate) waiters: Vec<(String, u64)>,
-}
-
-/// What a permit status read found.
-#[derive(Debug, Clone)]
-pub(crate) struct RawPermits {
-    pub(crate) limit: u64,
-    pub(crate) used: u64,
-    pub(crate) holders: u64,
-    pub(crate) queued: u64,
-    pub(crate) first_end: Duration,
-    pub(crate) fence: u64,
-    /// The holders whose leases end first (10 at most): token and time left.
-    pub(crate) leases: Vec<(String, Duration)>,
-    /// Redis' clock when it ran (µs).
-    pub(crate) now_us: u64,
-    /// The first queue members and when each queued (Redis time, µs).
-    pub(crate) waiters: Vec<(String, u64)>,
 }
 
 /// A script and the operation name its errors carry.
@@ -584,78 +556,6 @@ impl Engine {
         Ok(batched)
     }
 
-    /// Election: `token` (which holds `names`' lock, with fence `term`) makes the election's
-    /// record its own, with `value`. `Ok(None)`: the token no longer holds the lock;
-    /// `Ok(Some(previous record))` (empty when there was none).
-    pub(crate) async fn announce(
-        &self,
-        names: &Names,
-        token: &str,
-        term: u64,
-        value: &str,
-    ) -> Result<Option<String>> {
-        let args = vec![token.to_owned(), term.to_string(), value.to_owned()];
-        let client = self.backend.client_for(token);
-        let reply: Vec<Value> = self
-            .election_call(client, &self.scripts.announce, names, args)
-            .await?;
-        match reply.as_slice() {
-            [code, ..] if code.as_i64() == Some(0) => Ok(None),
-            [code, prev] if code.as_i64() == Some(1) => Ok(Some(text(prev).unwrap_or_default())),
-            _ => Err(unexpected(names, Op::Acquire, &[])),
-        }
-    }
-
-    /// Election: marks `token`'s record resigned (kept for the retention). True when it was
-    /// `token`'s.
-    pub(crate) async fn resign_record(&self, names: &Names, token: &str) -> Result<bool> {
-        let args = vec![token.to_owned(), ms(self.retention).to_string()];
-        let client = self.backend.client_for(token);
-        let marked: i64 = self
-            .election_call(client, &self.scripts.resign, names, args)
-            .await?;
-        Ok(marked == 1)
-    }
-
-    /// An election script on `client` with its `KEYS` (the lock, the record) and `args`.
-    async fn election_call<R: FromValue>(
-        &self,
-        client: &Client,
-        lua: &Lua,
-        names: &Names,
-        args: Vec<String>,
-    ) -> Result<R> {
-        let keys = vec![names.lock.clone(), names.leader()];
-        self.eval_with(
-            client,
-            lua,
-            names,
-            keys,
-            args,
-            self.command_timeout,
-            Via::Sha,
-        )
-        .await
-    }
-
-    /// Election: the lock's value (empty when free), its PTTL, the record (empty when none)
-    /// and Redis' time (µs), read in one call.
-    pub(crate) async fn read_leader(&self, names: &Names) -> Result<(String, i64, String, u64)> {
-        let client = self.backend.next_client();
-        let reply: Vec<Value> = self
-            .election_call(client, &self.scripts.read_leader, names, Vec::new())
-            .await?;
-        match reply.as_slice() {
-            [lock, pttl, record, now] => Ok((
-                text(lock).unwrap_or_default(),
-                pttl.as_i64().unwrap_or(-2),
-                text(record).unwrap_or_default(),
-                now.as_i64().unwrap_or(0).max(0) as u64,
-            )),
-            _ => Err(unexpected(names, Op::Status, &[])),
-        }
-    }
-
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until
     /// enough acknowledged it, else `Error::NotReplicated`. Without: nothing.
     pub(crate) async fn replicated(&self, client: &Client, names: &Names) -> Result<()> {
@@ -767,179 +667,6 @@ impl Engine {
                 Left::GaveBack
             }
             other => return Err(unexpected(c.names, Op::LeaveQueue, other)),
-        })
-    }
-
-    /// The lock's state, the holder's token and the first `waiters` queue members (100 at
-    /// most), read in one script call.
-    pub(crate) async fn status(&self, names: &Names, waiters: u32) -> Result<RawStatus> {
-        let c = Call {
-            flag: Some(Flag::Listing(waiters)),
-            ..Call::new(names, "-")
-        };
-        let reply: Vec<Value> = self
-            .eval(
-                self.backend.next_client(),
-                &self.scripts.lock.status,
-                &c,
-                self.command_timeout,
-                Via::Sha,
-            )
-            .await?;
-        let malformed = || {
-            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
-            unexpected(names, Op::Status, &ints)
-        };
-        if reply.len() < 6 {
-            return Err(malformed());
-        }
-        let (head, rest) = reply.split_at(6);
-        let int = |v: &Value| v.as_i64().ok_or_else(malformed);
-        let text = |v: &Value| text(v).ok_or_else(malformed);
-        let holder = text(&head[5])?;
-        let mut waiters = Vec::with_capacity(rest.len() / 2);
-        for pair in rest.chunks_exact(2) {
-            let score = text(&pair[1])?.parse::<f64>().map_err(|_| malformed())?;
-            waiters.push((text(&pair[0])?, score.max(0.0) as u64));
-        }
-        Ok(RawStatus {
-            state: int(&head[0])?,
-            pttl: int(&head[1])?,
-            fence: int(&head[2])?.max(0) as u64,
-            queued: int(&head[3])?.max(0) as u64,
-            now_us: int(&head[4])?.max(0) as u64,
-            holder: (!holder.is_empty()).then_some(holder),
-            waiters,
-        })
-    }
-
-    /// The labels of the processes `pids` (`LockerBuilder::label`) by process id, in one
-    /// `MGET` (every label key is in one hash slot); a process whose label is not recorded is
-    /// left out.
-    pub(crate) async fn labels(
-        &self,
-        pids: &[String],
-    ) -> Result<std::collections::HashMap<String, String>> {
-        if pids.is_empty() {
-            return Ok(Default::default());
-        }
-        let keys: Vec<Value> = pids
-            .iter()
-            .map(|pid| crate::keys::label_key(&self.prefix, pid).into())
-            .collect();
-        let values: Vec<Value> = self.label_command("MGET", keys, pids.join(",")).await?;
-        Ok(pids
-            .iter()
-            .zip(&values)
-            .filter_map(|(pid, v)| {
-                let label = String::from_utf8_lossy(v.as_bytes()?).into_owned();
-                Some((pid.clone(), label))
-            })
-            .collect())
-    }
-
-    /// Writes process `pid`'s label (`LockerBuilder::label`) for `status`, kept for the
-    /// retention; false when Redis did not take it in time.
-    pub(crate) async fn write_label(&self, pid: &str) -> bool {
-        let key = crate::keys::label_key(&self.prefix, pid);
-        let px = self.retention.as_millis().max(1) as i64;
-        let args = vec![
-            key.into(),
-            self.label.as_str().into(),
-            "PX".into(),
-            px.into(),
-        ];
-        self.label_command::<Value>("SET", args, pid.to_owned())
-            .await
-            .is_ok()
-    }
-
-    /// `cmd` on the label keys' one hash slot (the first argument is a label key), bounded by
-    /// the command timeout; errors name `key`.
-    async fn label_command<R: FromValue>(
-        &self,
-        cmd: &'static str,
-        args: Vec<Value>,
-        key: String,
-    ) -> Result<R> {
-        let first = args.first().and_then(text).unwrap_or_default();
-        let slot = fred::util::redis_keyslot(first.as_bytes());
-        let call = self.backend.next_client().custom::<R, Value>(
-            fred::types::CustomCommand::new_static(cmd, Some(slot), false),
-            args,
-        );
-        match tokio::time::timeout(self.command_timeout, Box::pin(call)).await {
-            Err(_) => Err(Error::Timeout {
-                key,
-                op: Op::Status,
-                after: self.command_timeout,
-            }),
-            Ok(r) => r.map_err(|source| Error::Redis {
-                key,
-                op: Op::Status,
-                source,
-            }),
-        }
-    }
-
-    /// A permit key's state and the first `waiters` queue members (100 at most), read in one
-    /// script call.
-    pub(crate) async fn permit_status(&self, names: &Names, waiters: u32) -> Result<RawPermits> {
-        let c = Call {
-            flag: Some(Flag::Listing(waiters)),
-            ..Call::new(names, "-")
-        };
-        let reply: Vec<Value> = self
-            .eval(
-                self.backend.next_client(),
-                &self.scripts.permits.status,
-                &c,
-                self.command_timeout,
-                Via::Sha,
-            )
-            .await?;
-        let malformed = || {
-            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
-            unexpected(names, Op::Status, &ints)
-        };
-        let n = |v: &Value| v.as_i64().map(|v| v.max(0) as u64);
-        if reply.len() < 7 {
-            return Err(malformed());
-        }
-        let (counts, rest) = reply.split_at(6);
-        let counts: Option<Vec<u64>> = counts.iter().map(n).collect();
-        let Some(&[limit, used, holders, queued, first_end, fence]) = counts.as_deref() else {
-            return Err(malformed());
-        };
-        // Then token, ms left, for the leases that end first (10 at most); Redis' time; the
-        // first waiters, member and score.
-        let pairs = (holders.min(10) as usize) * 2;
-        if rest.len() < pairs + 1 {
-            return Err(malformed());
-        }
-        let (leases, rest) = rest.split_at(pairs);
-        let leases: Option<Vec<(String, Duration)>> = leases
-            .chunks_exact(2)
-            .map(|pair| Some((pair[0].as_string()?, Duration::from_millis(n(&pair[1])?))))
-            .collect();
-        let now_us = n(&rest[0]).ok_or_else(malformed)?;
-        let waiters: Option<Vec<(String, u64)>> = rest[1..]
-            .chunks_exact(2)
-            .map(|pair| {
-                let score = pair[1].as_string()?.parse::<f64>().ok()?;
-                Some((pair[0].as_string()?, score.max(0.0) as u64))
-            })
-            .collect();
-        Ok(RawPermits {
-            limit,
-            used,
-            holders,
-            queued,
-            first_end: Duration::from_millis(first_end),
-            fence,
-            leases: leases.ok_or_else(malformed)?,
-            now_us,
-            waiters: waiters.ok_or_else(malformed)?,
         })
     }
 }
