@@ -303,7 +303,10 @@ async fn a_guard_keep_alive_refreshes_and_stops_on_release() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!lost.is_cancelled());
-    assert_eq!(locker.background_tasks(), 1);
+    // The refresher, and a refresh call's own task when one is in flight (seen once with two
+    // CPU burners beside the suite).
+    let tasks = locker.background_tasks();
+    assert!((1..=2).contains(&tasks), "{tasks} background tasks");
     g.release().await.expect("release");
     locker.idle().await;
     assert!(is_free(&client, "guarded").await);

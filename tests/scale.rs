@@ -37,8 +37,10 @@ async fn idle_queued_waiters_make_almost_no_calls() {
     let server = RedisServer::start();
     let admin = server.client().await;
     let holder = Locker::new(server.client().await);
+    // Held through the queueing below (up to a minute on a busy machine), then refreshed to
+    // a 10 s lease every 3 s while the idle waiters are counted.
     let hold = LockOptions::new()
-        .with_ttl(Duration::from_secs(4))
+        .with_ttl(Duration::from_secs(120))
         .without_refresh();
     let mut keys = vec!["hot".to_owned()];
     keys.extend((0..100).map(|i| format!("cold-{i}")));
@@ -78,6 +80,9 @@ async fn idle_queued_waiters_make_almost_no_calls() {
         assert!(Instant::now() < deadline, "only {queued} of 2,000 queued");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    for g in held.iter_mut() {
+        g.extend(Duration::from_secs(10)).await.expect("refresh");
+    }
     for l in &lockers {
         l.subscriptions_settled().await;
     }
@@ -87,7 +92,7 @@ async fn idle_queued_waiters_make_almost_no_calls() {
     while started.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_secs(3)).await;
         for g in held.iter_mut() {
-            g.extend(Duration::from_secs(4)).await.expect("refresh");
+            g.extend(Duration::from_secs(10)).await.expect("refresh");
             refreshes += 1;
         }
     }
