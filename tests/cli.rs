@@ -1600,3 +1600,171 @@ fn elect_runs_the_command_while_leading_and_hands_over() {
     fs::write(dir.path("go-c"), "").expect("go");
     assert_eq!(c3.wait().code(), Some(0), "{}", c3.stderr());
 }
+
+/// Issue 33: three `waitlock elect` processes and an observer in a fourth. The leader, its
+/// command with it, is stopped (SIGSTOP) past its 1 s lease, as a paused host: the next
+/// candidate leads after the lease, and the store the commands write to (a fence-checking
+/// store: a write is taken only with a term at least the highest it took) refuses the
+/// writes of the stopped leader's command once it resumes; the resumed leader learns of its
+/// loss at once (its deadline has passed), terminates its command and exits 75. A clean exit then
+/// hands over to the third. The observer sees every term, in order, and the end.
+#[test]
+fn a_stopped_leader_is_fenced_off_and_an_observer_sees_every_term_in_order() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("elect-stop");
+    const STORE: &str = "local t = tonumber(ARGV[1]) \
+        if t < tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end \
+        redis.call('SET', KEYS[1], ARGV[1]) redis.call('RPUSH', KEYS[2], ARGV[2] .. ' ' .. ARGV[1]) \
+        return 1";
+    // Each candidate's command: its pid, a line when it leads, then a write to the store every
+    // 20 ms ("<name> <term> <1 taken | 0 refused>") until its go file.
+    let lead = |name: &str| {
+        let script = format!(
+            "echo $$ > pid-{name}; echo \"lead {name} $WAITLOCK_FENCE\" >> log; \
+             while [ ! -e go-{name} ]; do \
+               r=$(redis-cli -u '{url}' EVAL \"$STORE\" 2 store taken \"$WAITLOCK_FENCE\" {name}); \
+               echo \"{name} $WAITLOCK_FENCE $r\" >> writes; sleep 0.02; \
+             done",
+            url = server.url()
+        );
+        let mut c = waitlock(&server, &dir);
+        c.env("STORE", STORE)
+            .args([
+                "elect", "--ttl", "1s", "--wait", "60s", "--value", name, "cron", "--", "sh", "-c",
+            ])
+            .arg(script);
+        Spawned::start(c, &dir, &format!("{name}.err"))
+    };
+    let mut o = waitlock(&server, &dir);
+    o.args(["leader", "--watch", "--json", "cron"])
+        .stdout(fs::File::create(dir.path("observed")).expect("stdout file"));
+    let mut observer = Spawned::start_keeping_stdout(o, &dir, "observer.err");
+    await_file(&dir, "observed", "the observer's first line", |s| {
+        s.contains("\"leader\":null")
+    });
+    let mut a = lead("a");
+    await_file(&dir, "writes", "a's first write", |s| s.contains("a "));
+    // b queues first, then c (FIFO: b leads next).
+    let queued = |n: u64| {
+        let deadline = Instant::now() + LIMIT;
+        while status_json(&server, &dir, "cron")["queued"] != n {
+            assert!(Instant::now() < deadline, "{n} never queued");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let mut b = lead("b");
+    queued(1);
+    let mut c = lead("c");
+    queued(2);
+    // The host pauses: waitlock and its command (its own process group) stop.
+    let group = dir.read("pid-a").trim().to_owned();
+    let kill = |sig: &str, target: String| {
+        let ok = Command::new("kill")
+            .args([sig, "--", &target])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {sig} {target}");
+    };
+    kill("-STOP", format!("-{group}"));
+    kill("-STOP", a.pid().to_string());
+    let stopped = Instant::now();
+    let log = await_file(&dir, "log", "the next leader", |s| s.contains("lead b"));
+    let took_over = stopped.elapsed();
+    println!("b led {took_over:?} after the leader was stopped (lease 1 s)");
+    assert!(took_over < Duration::from_secs(5), "{took_over:?}");
+    let term = |who: &str| -> u64 {
+        log.lines()
+            .find_map(|l| l.strip_prefix(&format!("lead {who} ")))
+            .and_then(|t| t.trim().parse().ok())
+            .expect("term")
+    };
+    let (term_a, term_b) = (term("a"), term("b"));
+    assert!(term_b > term_a, "terms grow: {log}");
+    await_file(&dir, "writes", "b's first write", |s| s.contains("b "));
+    // The old leader's command resumes first (waitlock still stopped, as a supervisor that
+    // runs late): its writes carry the old term and the store refuses them.
+    kill("-CONT", format!("-{group}"));
+    await_file(&dir, "writes", "a refused write", |s| {
+        s.lines().any(|l| l.starts_with("a ") && l.ends_with(" 0"))
+    });
+    // Then waitlock: its deadline has passed.
+    let resumed = Instant::now();
+    kill("-CONT", a.pid().to_string());
+    assert_eq!(a.wait().code(), Some(75), "{}", a.stderr());
+    println!(
+        "the resumed leader exited 75 {:?} after SIGCONT",
+        resumed.elapsed()
+    );
+    // A clean exit hands over to c; c's ends the election.
+    fs::write(dir.path("go-b"), "").expect("go");
+    assert_eq!(b.wait().code(), Some(0), "{}", b.stderr());
+    let log = await_file(&dir, "log", "c leads", |s| s.contains("lead c"));
+    let term_c: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("lead c "))
+        .and_then(|t| t.trim().parse().ok())
+        .expect("c's term");
+    assert!(term_c > term_b, "terms grow: {log}");
+    await_file(&dir, "writes", "c's first write", |s| s.contains("c "));
+    fs::write(dir.path("go-c"), "").expect("go");
+    assert_eq!(c.wait().code(), Some(0), "{}", c.stderr());
+    // The store's own record (a write the stopped leader's command sent just before the
+    // stop is logged to the file after it resumes, but taken before b's): terms in order,
+    // and none of the old term after the new leader's first. The late ones were refused.
+    let out = Command::new("redis-cli")
+        .args(["-u", &server.url(), "LRANGE", "taken", "0", "-1"])
+        .output()
+        .expect("run redis-cli");
+    let taken: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (who, term) = l.split_once(' ')?;
+            Some((who.to_owned(), term.parse().ok()?))
+        })
+        .collect();
+    let terms_taken: Vec<u64> = taken.iter().map(|t| t.1).collect();
+    assert!(
+        terms_taken.windows(2).all(|w| w[0] <= w[1]),
+        "the store took terms out of order: {taken:?}"
+    );
+    let first_b = taken
+        .iter()
+        .position(|t| t.0 == "b")
+        .expect("b's writes taken");
+    assert!(
+        taken[first_b..].iter().all(|t| t.0 != "a"),
+        "a write of the stopped leader was taken after the new leader's: {taken:?}"
+    );
+    assert!(
+        taken.iter().any(|t| t.0 == "c"),
+        "c's writes taken: {taken:?}"
+    );
+    let refused = dir
+        .read("writes")
+        .lines()
+        .filter(|l| l.ends_with(" 0"))
+        .count();
+    println!("{} writes taken, {refused} refused", taken.len());
+    // The observer: every term, each once and in order, and nobody at the end.
+    let observed = await_file(&dir, "observed", "the end of the election", |s| {
+        s.lines()
+            .last()
+            .is_some_and(|l| l.contains("\"leader\":null"))
+            && s.contains(&format!("\"term\":{term_c}"))
+    });
+    observer.signal("-INT");
+    assert_eq!(observer.wait().code(), Some(0), "{}", observer.stderr());
+    let terms: Vec<u64> = observed
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|j| j["leader"]["term"].as_u64())
+        .collect();
+    let mut distinct = terms.clone();
+    distinct.dedup();
+    assert_eq!(
+        distinct,
+        vec![term_a, term_b, term_c],
+        "observed {observed}"
+    );
+}
