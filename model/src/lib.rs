@@ -76,6 +76,7 @@
 
 mod canon;
 pub mod check;
+pub mod election;
 pub mod fifo;
 pub mod lock;
 mod narrate;
