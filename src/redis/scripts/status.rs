@@ -42,27 +42,36 @@ pub(crate) struct RawPermits {
     pub(crate) waiters: Vec<(String, u64)>,
 }
 
+/// A status reply that does not read as one (its integers, for the error).
+fn malformed(names: &Names, reply: &[Value]) -> Error {
+    let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
+    unexpected(names, Op::Status, &ints)
+}
+
 impl Engine {
-    /// The lock's state, the holder's token and the first `waiters` queue members (100 at
-    /// most), read in one script call.
-    pub(crate) async fn status(&self, names: &Names, waiters: u32) -> Result<RawStatus> {
+    /// A status script's reply, with the first `waiters` queue members listed.
+    async fn listing(&self, names: &Names, waiters: u32, lua: &super::Lua) -> Result<Vec<Value>> {
         let c = Call {
             flag: Some(Flag::Listing(waiters)),
             ..Call::new(names, "-")
         };
-        let reply: Vec<Value> = self
-            .eval(
-                self.backend.next_client(),
-                &self.scripts.lock.status,
-                &c,
-                self.command_timeout,
-                Via::Sha,
-            )
+        self.eval(
+            self.backend.next_client(),
+            lua,
+            &c,
+            self.command_timeout,
+            Via::Sha,
+        )
+        .await
+    }
+
+    /// The lock's state, the holder's token and the first `waiters` queue members (100 at
+    /// most), read in one script call.
+    pub(crate) async fn status(&self, names: &Names, waiters: u32) -> Result<RawStatus> {
+        let reply = self
+            .listing(names, waiters, &self.scripts.lock.status)
             .await?;
-        let malformed = || {
-            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
-            unexpected(names, Op::Status, &ints)
-        };
+        let malformed = || malformed(names, &reply);
         if reply.len() < 6 {
             return Err(malformed());
         }
@@ -158,23 +167,10 @@ impl Engine {
     /// A permit key's state and the first `waiters` queue members (100 at most), read in one
     /// script call.
     pub(crate) async fn permit_status(&self, names: &Names, waiters: u32) -> Result<RawPermits> {
-        let c = Call {
-            flag: Some(Flag::Listing(waiters)),
-            ..Call::new(names, "-")
-        };
-        let reply: Vec<Value> = self
-            .eval(
-                self.backend.next_client(),
-                &self.scripts.permits.status,
-                &c,
-                self.command_timeout,
-                Via::Sha,
-            )
+        let reply = self
+            .listing(names, waiters, &self.scripts.permits.status)
             .await?;
-        let malformed = || {
-            let ints: Vec<i64> = reply.iter().filter_map(Value::as_i64).collect();
-            unexpected(names, Op::Status, &ints)
-        };
+        let malformed = || malformed(names, &reply);
         let n = |v: &Value| v.as_i64().map(|v| v.max(0) as u64);
         if reply.len() < 7 {
             return Err(malformed());
