@@ -427,9 +427,12 @@ async fn five_thousand_slots_resubscribe_after_a_kill() {
         .filter(|k| seen.insert(slot(k)))
         .take(5000)
         .collect();
+    // Held (not refreshed) through every phase below, each bounded by its own wait: the
+    // default 30 s TTL ran out once with two CPU burners beside the suite.
+    let hold = LockOptions::new().with_ttl(Duration::from_secs(600));
     let mut held = Vec::new();
     for k in &keys {
-        held.push(holder.acquire(k, &LockOptions::new()).await.expect("hold"));
+        held.push(holder.acquire(k, &hold).await.expect("hold"));
     }
     let opts = LockOptions::new().with_wait(Duration::from_secs(120));
     let mut waiters = Vec::new();
