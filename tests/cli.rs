@@ -1673,13 +1673,14 @@ fn a_stopped_leader_is_fenced_off_and_an_observer_sees_every_term_in_order() {
     let took_over = stopped.elapsed();
     println!("b led {took_over:?} after the leader was stopped (lease 1 s)");
     assert!(took_over < Duration::from_secs(5), "{took_over:?}");
-    let term = |who: &str| -> u64 {
+    // A candidate's term, from its "lead <name> <term>" line.
+    let term = |log: &str, who: &str| -> u64 {
         log.lines()
             .find_map(|l| l.strip_prefix(&format!("lead {who} ")))
             .and_then(|t| t.trim().parse().ok())
-            .expect("term")
+            .unwrap_or_else(|| panic!("{who}'s term: {log}"))
     };
-    let (term_a, term_b) = (term("a"), term("b"));
+    let (term_a, term_b) = (term(&log, "a"), term(&log, "b"));
     assert!(term_b > term_a, "terms grow: {log}");
     await_file(&dir, "writes", "b's first write", |s| s.contains("b "));
     // The old leader's command resumes first (waitlock still stopped, as a supervisor that
@@ -1700,11 +1701,7 @@ fn a_stopped_leader_is_fenced_off_and_an_observer_sees_every_term_in_order() {
     fs::write(dir.path("go-b"), "").expect("go");
     assert_eq!(b.wait().code(), Some(0), "{}", b.stderr());
     let log = await_file(&dir, "log", "c leads", |s| s.contains("lead c"));
-    let term_c: u64 = log
-        .lines()
-        .find_map(|l| l.strip_prefix("lead c "))
-        .and_then(|t| t.trim().parse().ok())
-        .expect("c's term");
+    let term_c = term(&log, "c");
     assert!(term_c > term_b, "terms grow: {log}");
     await_file(&dir, "writes", "c's first write", |s| s.contains("c "));
     fs::write(dir.path("go-c"), "").expect("go");
@@ -1755,16 +1752,11 @@ fn a_stopped_leader_is_fenced_off_and_an_observer_sees_every_term_in_order() {
     });
     observer.signal("-INT");
     assert_eq!(observer.wait().code(), Some(0), "{}", observer.stderr());
-    let terms: Vec<u64> = observed
+    let mut terms: Vec<u64> = observed
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|j| j["leader"]["term"].as_u64())
         .collect();
-    let mut distinct = terms.clone();
-    distinct.dedup();
-    assert_eq!(
-        distinct,
-        vec![term_a, term_b, term_c],
-        "observed {observed}"
-    );
+    terms.dedup();
+    assert_eq!(terms, vec![term_a, term_b, term_c], "observed {observed}");
 }
