@@ -42,7 +42,12 @@ fn rows() -> Vec<Row> {
             script: scripts::ACQUIRE,
             call: args("T"),
             reply: "[0, 10000, _]",
-            checks: &[Get(L, Some("pT")), Pttl(9_900, 10_000), Queue(&[])],
+            checks: &[
+                Get(L, Some("pT")),
+                Pttl(9_900, 10_000),
+                Queue(&[]),
+                Commands(4),
+            ],
         },
         Row {
             name: "acquire by the holder: held by the caller",
@@ -103,7 +108,7 @@ fn rows() -> Vec<Row> {
             script: scripts::RELEASE,
             call: args("T"),
             reply: "[1]",
-            checks: &[Get(L, None)],
+            checks: &[Get(L, None), Commands(3)],
         },
         Row {
             name: "release by another token: not held, nothing changes",
@@ -878,6 +883,64 @@ fn rows() -> Vec<Row> {
             call: args("-"),
             reply: "[2, _, 100, 1]",
             checks: &[],
+        },
+        // Issue 36: the commands Redis runs per path of a contended acquisition (the EVAL
+        // included): one queueing attempt, one release that grants.
+        Row {
+            name: "commands: a queueing attempt behind a held lock, a watcher's field free",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !h cccccccccccc",
+                "PEXPIRE {Q} 60000",
+                "PEXPIRE {P} 60000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 2]",
+            checks: &[
+                Queue(&[M_LIVE2, M_LIVE]),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some(M_LIVE)),
+                Process(LIVE, Some("now")),
+                Commands(11),
+            ],
+        },
+        Row {
+            name: "commands: a release that grants to a fresh waiter, waiters and watchers kept",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 aaaaaaaaaaaa_20000_w2",
+                "ZADD {Q} 3 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} cccccccccccc {old} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_aaaaaaaaaaaa_20000_w2 !h cccccccccccc",
+                "PEXPIRE {Q} 60000",
+                "PEXPIRE {P} 60000",
+            ],
+            script: scripts::RELEASE,
+            call: Args {
+                pid: "cccccccccccc",
+                ..args("H")
+            },
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Queue(&[M_LIVE_B, M_LIVE2]),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some(M_LIVE_B)),
+                Process("!h", Some(LIVE)),
+                Process("cccccccccccc", Some("now")),
+                Messages(&["aaaaaaaaaaaa: g2 "]),
+                Ttl(Q, 3_619_000, 3_620_000),
+                Ttl(P, 3_619_000, 3_620_000),
+                Commands(16),
+            ],
         },
     ]
 }

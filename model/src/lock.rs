@@ -414,7 +414,7 @@ impl Queue {
                     holder: head,
                     exp: now + px,
                 });
-                s.holder_pid = Some(p as Pid); // HSET pkey '!h' hub
+                s.holder_pid = Some(p as Pid); // '!h' = hub (written by `watch`, with its fields)
                 let g = Msg::Grant {
                     to: head,
                     fence: f,

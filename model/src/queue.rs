@@ -52,9 +52,11 @@ impl<K: Key> System<K> {
             || s.holder_pid.is_some()
     }
 
-    // mirrors queue.lua -> queue -> seen(pid): a new field gives the hash the retention (the
-    // sweep of records that say nothing changes nothing here: a record that is not fresh
-    // means what no record means)
+    // mirrors queue.lua -> queue -> seen(pid, later): a new field gives the hash the retention
+    // (the sweep of records that say nothing changes nothing here: a record that is not fresh
+    // means what no record means). With `later` the Lua writes the record with the call's next
+    // write of the hash (`flush`) and reads it as written until then: the same end state, one
+    // HSET fewer.
     pub fn seen(&self, s: &mut State<K>, hub: Option<usize>) {
         if let Some(p) = hub {
             let new = s.procs[p].rec == Rec::None;

@@ -34,8 +34,12 @@ if not cur then
       -- The caller holds now, with waiters behind it: its process is the holder's, and the
       -- watchers are chosen again (one of them may be the caller itself, or of its process).
       redis.call('SETRANGE', lock, 0, QUEUED)
-      L.held_by(PID)
-      L.watch(PID, tonumber(TTL))
+      -- ('!h' = PID, written with the watchers; `keep` gives the hash its expiry.)
+      if PID == '' then
+        L.ahead(false)
+        L.held_by('')
+      end
+      L.watch(PID, tonumber(TTL), nil, nil, nil, true, PID ~= '' and PID or nil)
       L.keep(tonumber(TTL))
     else
       redis.call('DEL', KEYS[4])

@@ -22,7 +22,7 @@ if state ~= TAKEN then
   -- The queue lives as long as the lease and the retention, and the watchers (who skip the
   -- holder's process, the caller's) are told when the lease now ends.
   L = slow()
-  L.watch(PID, tonumber(TTL), true)
+  L.watch(PID, tonumber(TTL), true, nil, nil, true)
   L.keep(tonumber(TTL))
 end
 -- The counter is gone only if something deleted it: started again from Redis' clock, never 0.

@@ -100,10 +100,13 @@ local function slow()
   -- waiters dropped, more to look at: call again).
   local function serve(self)
     local chosen = nil
+    -- (The watchers' processes are learnt with the heads': `ahead`.)
+    Q.ahead(true)
     local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
       chosen = m
       return 'last'
     end)
+    if not stopped then Q.ahead(false) end
     if not stopped then
       if full_scan then return 'more' end
       return 'empty'
@@ -126,9 +129,9 @@ local function slow()
     local f = next_fence(more, pending, px)
     local state = full and HANDED or GRANTED
     redis.call('SET', lock, state .. token, 'PX', px)
-    redis.call('HSET', pkey, '!h', pid)
     Q.grant(p.how, pid, f, px, token)
-    Q.watch(pid, px, nil, nil, nil, true)
+    -- ('!h' = pid, with the watchers.)
+    Q.watch(pid, px, nil, nil, nil, true, pid)
     -- (The hash may be new here: it gets an expiry either way.)
     if more then Q.keep(px) else Q.retain() end
     return 'granted', px
@@ -143,9 +146,11 @@ local function slow()
       if r == 'granted' then return HANDED_OVER end
       if r == 'more' then
         redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
+        Q.flush({}, 0)
         Q.keep(CLAIM)
         return CONTINUE
       end
+      -- (A due record, see `seen`, goes with the hash.)
       fence_flags(false, nil)
       redis.call('DEL', pkey)
     end
@@ -167,7 +172,8 @@ local function slow()
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
   -- Returns the 'queued' reply (see `queued_reply`).
   local function enqueue(pttl)
-    Q.seen(PID)
+    -- (The record is written with the watcher's field: `queued_reply`.)
+    Q.seen(PID, true)
     Q.add_member()
     local old = redis.call('GET', fkey)
     local _, queued, pending = fence_parse(old)

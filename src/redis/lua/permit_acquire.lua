@@ -59,7 +59,8 @@ if MEMBER == '' then
   return {HELD, pttl, 0}
 end
 L = L or queue()
-L.seen(PID)
+-- (The record is written with the watcher's field: `queued_reply`.)
+L.seen(PID, true)
 L.add_member()
 settle(s)
 -- A new queue lives as long as the last lease, and the retention after it (see `keep`).

@@ -167,14 +167,35 @@ local function queue()
     if #stale > 0 then redis.call('HDEL', pkey, unpack(stale)) end
   end
 
-  -- Process `pid` called on this key now.
-  local function seen(pid)
-    if pid == '' then return end
-    local now_ms = math.floor(now_us() / 1000)
-    if redis.call('HSET', pkey, pid, now_ms) == 1 then
+  -- The caller's record, when `seen(pid, true)` left it due: written with this call's next
+  -- write of the hash (`flush`), one HSET for both. Until then the call reads it as written.
+  local due = nil
+
+  -- Writes `writes` (field, value, ...; `fresh` of them new fields, as the caller read them)
+  -- and the due record in one HSET; a record that is a new field gives the hash the retention
+  -- and sweeps (see `seen`).
+  local function flush(writes, fresh)
+    local pid, now_ms = due, nil
+    due = nil
+    if pid then
+      now_ms = math.floor(now_us() / 1000)
+      writes[#writes + 1] = pid
+      writes[#writes + 1] = now_ms
+    end
+    if #writes == 0 then return end
+    if redis.call('HSET', pkey, unpack(writes)) > fresh and pid then
       redis.call('PEXPIRE', pkey, RETAIN)
       sweep(now_ms)
     end
+  end
+
+  -- Process `pid` called on this key now. `later`: its record is written by the call's next
+  -- write of the hash (the caller makes sure one comes: `flush`, `watch`, `watching`), and
+  -- read as written until then; the end state is the same.
+  local function seen(pid, later)
+    if pid == '' then return end
+    due = pid
+    if not later then flush({}, 0) end
   end
 
   -- A short grant to `pid` lapsed unconfirmed: its process is frozen or gone.
@@ -213,6 +234,10 @@ local function queue()
     end
     if #ask == 0 then return end
     local recs = redis.call('HMGET', pkey, unpack(ask))
+    -- (A due record reads as written: see `seen`.)
+    for j, pid in ipairs(ask) do
+      if pid == due then recs[j] = math.floor(now_us() / 1000) end
+    end
     -- A lapsed process is gone whoever listens: only the others are asked about.
     local live, of = {}, {}
     for j, pid in ipairs(ask) do
@@ -230,6 +255,12 @@ local function queue()
     if not known[pid] then know({pid}) end
     return known[pid]
   end
+
+  -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
+  -- `ahead(true)`), so that the watchers' processes are learnt with the heads', in one HMGET
+  -- of records and one PUBSUB call; the `watch` that follows uses that read (nothing writes
+  -- those fields in between).
+  local ahead_on, ahead_was = false, nil
 
   -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
   -- script. A member of a process that is gone (nobody listens, or it lapsed) is dropped; a
@@ -256,6 +287,13 @@ local function queue()
         if #heads == 0 then return nil end
         local pids = {}
         for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
+        if ahead_on and not ahead_was then
+          ahead_was = redis.call('HMGET', pkey, '!w1', '!w2', '!h')
+          for n = 1, 2 do
+            local m = ahead_was[n] and string.match(ahead_was[n], '^%d+ (.*)$')
+            if m then pids[#pids + 1] = (split_member(m)) end
+          end
+        end
         know(pids)
       end
       i = i + 1
@@ -305,6 +343,12 @@ local function queue()
   -- the back of the queue, which is granted last.
   local WATCHERS = {'!w1', '!w2'}
 
+  -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see
+  -- `ahead_on`); `ahead(false)`: no `watch` follows, or a field was written (forgotten).
+  local function ahead(on)
+    ahead_on, ahead_was = on, nil
+  end
+
   -- Keeps the watchers fit after a change: `skip` the process of a new holder (its watchers
   -- would fail with it), `px` the lease that now ends first (ms from now; 0: the key is free,
   -- look now). Two watchers of two other processes, fresh ones first (a frozen process is not
@@ -315,11 +359,14 @@ local function queue()
   -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
   -- other is left, `last` (the process whose lease ends first) last. `kept`: the caller gives
   -- the processes hash its expiry after this call (else a hash this call made gets one).
-  local function watch(skip, px, later, fill, last, kept)
+  -- `holder` (a lock's grant): the new holder's pid, '!h', written with the watchers (and the
+  -- due record, see `seen`) in one HSET, where a field changes.
+  local function watch(skip, px, later, fill, last, kept, holder)
     local skips = skip
     if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
-    local cands, was = {}, redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2])
+    local cands, was = {}, ahead_was or redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h')
+    ahead(false)
     local cur = {}
     for i = 1, 2 do
       local v = was[i]
@@ -374,7 +421,15 @@ local function queue()
       if fill and last then pick(false, true, last) end
       pick(false, true)
     end
-    -- Written only where a field changes (a kept watcher that is not told again keeps its).
+    -- Written only where a field changes (a kept watcher that is not told again keeps its),
+    -- in one HSET (then one HDEL: the hash is not emptied on the way).
+    local writes, fresh, gone = {}, 0, {}
+    local function put(n, field, v)
+      if was[n] == v then return end
+      writes[#writes + 1] = field
+      writes[#writes + 1] = v
+      if not was[n] then fresh = fresh + 1 end
+    end
     for i = 1, 2 do
       local c = chosen[i]
       if c then
@@ -382,12 +437,14 @@ local function queue()
           publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
           c.at = until_ms
         end
-        local v = string.format('%.0f', c.at) .. ' ' .. c.m
-        if was[i] ~= v then redis.call('HSET', pkey, WATCHERS[i], v) end
+        put(i, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
       elseif was[i] then
-        redis.call('HDEL', pkey, WATCHERS[i])
+        gone[#gone + 1] = WATCHERS[i]
       end
     end
+    if holder then put(3, '!h', holder) end
+    flush(writes, fresh)
+    if #gone > 0 then redis.call('HDEL', pkey, unpack(gone)) end
     -- (`kept`: the caller sets the hash's expiry after this.)
     if #chosen > 0 and not kept then retain() end
   end
@@ -426,10 +483,19 @@ local function queue()
         if not mine and pids[i] and holding[pids[i]] and fits(i) then mine = i end
       end
     end
-    if not mine then return 0 end
+    -- (One HSET, with the due record, see `seen`. The hash's expiry is the caller's: it keeps
+    -- the queue.)
+    if not mine then
+      flush({}, 0)
+      return 0
+    end
     if pttl < 0 then pttl = 0 end
-    -- (The hash's expiry is the caller's: it keeps the queue.)
-    redis.call('HSET', pkey, WATCHERS[mine], string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER)
+    local v = string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER
+    if was[mine] == v then
+      flush({}, 0)
+    else
+      flush({WATCHERS[mine], v}, was[mine] and 0 or 1)
+    end
     return 1
   end
 
@@ -455,7 +521,7 @@ local function queue()
 
   queue_fns = {channel = channel, listener = listener, publish = publish, grant = grant,
     split_member = split_member, add_member = add_member, retain = retain, keep = keep,
-    seen = seen, lapse = lapse, process = process, walk = walk, watch = watch,
+    seen = seen, flush = flush, lapse = lapse, ahead = ahead, process = process, walk = walk, watch = watch,
     watching = watching, queued_reply = queued_reply}
   return queue_fns
 end

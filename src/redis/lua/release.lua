@@ -24,5 +24,6 @@ if state == TAKEN then
   return {DONE}
 end
 local L = slow()
-L.seen(PID)
+-- (The record is written with the release's next write of the hash: the grant's.)
+L.seen(PID, true)
 return {L.release_held(state)}
