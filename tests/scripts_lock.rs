@@ -229,11 +229,24 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "release behind more than 200 dead waiters: continue, the lock stays the caller's",
-            setup: &["SET {L} qH PX 5000", "SET {F} 100_q PX 60000", "{queue:250}"],
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "{queue:250}",
+                "HSET {P} !e {far}",
+            ],
             script: scripts::RELEASE,
             call: args("H"),
             reply: "[4]",
-            checks: &[Get(L, Some("qH")), Pttl(400, 500), Get(F, Some("100 q"))],
+            checks: &[
+                Get(L, Some("qH")),
+                Pttl(400, 500),
+                Get(F, Some("100 q")),
+                // (a `keep` that did not read the expiry hint sets the life exactly: the hint
+                // it may have cut goes)
+                Ttl(Q, 3_600_000, 3_600_500),
+                HGet(P, "!e", None),
+            ],
         },
         Row {
             name: "acquire a free key whose queue holds a fresh waiter: granted to it, not taken",
@@ -723,8 +736,9 @@ fn rows() -> Vec<Row> {
             reply: "[2, _, 1, 1, 100, _, _, 1]",
             checks: &[
                 Queue(&[M_LIVE]),
-                Ttl(Q, 3_604_000, 3_605_000),
-                Ttl(P, 3_604_000, 3_605_000),
+                // (the lease, the retention and a quarter of it: see `keep`)
+                Ttl(Q, 4_504_000, 4_505_000),
+                Ttl(P, 4_504_000, 4_505_000),
             ],
         },
         Row {
@@ -742,8 +756,8 @@ fn rows() -> Vec<Row> {
             reply: "[1, 100]",
             checks: &[
                 Pttl(9_900, 10_000),
-                Ttl(Q, 3_609_000, 3_610_000),
-                Ttl(P, 3_609_000, 3_610_000),
+                Ttl(Q, 4_509_000, 4_510_000),
+                Ttl(P, 4_509_000, 4_510_000),
                 FencePttl(3_609_000, 3_610_000),
             ],
         },
@@ -763,8 +777,8 @@ fn rows() -> Vec<Row> {
             reply: "[2]",
             checks: &[
                 Get(L, Some("hw1")),
-                Ttl(Q, 3_619_000, 3_620_000),
-                Ttl(P, 3_619_000, 3_620_000),
+                Ttl(Q, 4_519_000, 4_520_000),
+                Ttl(P, 4_519_000, 4_520_000),
                 FencePttl(3_619_000, 3_620_000),
             ],
         },
@@ -892,9 +906,9 @@ fn rows() -> Vec<Row> {
                 "SET {L} qH PX 5000",
                 "SET {F} 100_q PX 60000",
                 "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
-                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !h cccccccccccc",
-                "PEXPIRE {Q} 60000",
-                "PEXPIRE {P} 60000",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
             ],
             script: scripts::ACQUIRE,
             call: Args {
@@ -919,9 +933,9 @@ fn rows() -> Vec<Row> {
                 "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
                 "ZADD {Q} 2 aaaaaaaaaaaa_20000_w2",
                 "ZADD {Q} 3 bbbbbbbbbbbb_30000_x1",
-                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} cccccccccccc {old} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_aaaaaaaaaaaa_20000_w2 !h cccccccccccc",
-                "PEXPIRE {Q} 60000",
-                "PEXPIRE {P} 60000",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} cccccccccccc {old} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_aaaaaaaaaaaa_20000_w2 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
             ],
             script: scripts::RELEASE,
             call: Args {
@@ -937,9 +951,79 @@ fn rows() -> Vec<Row> {
                 Process("!h", Some(LIVE)),
                 Process("cccccccccccc", Some("now")),
                 Messages(&["aaaaaaaaaaaa: g2 "]),
-                Ttl(Q, 3_619_000, 3_620_000),
-                Ttl(P, 3_619_000, 3_620_000),
-                Commands(16),
+                // ('!e' says the queue and the hash live long enough: not moved)
+                Ttl(Q, 4_990_000, 5_000_000),
+                Ttl(P, 4_990_000, 5_000_000),
+                Commands(14),
+            ],
+        },
+        Row {
+            name: "commands: the same release when the expiry hint is too near: both moved, '!e' too",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 aaaaaaaaaaaa_20000_w2",
+                "ZADD {Q} 3 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} cccccccccccc {old} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_aaaaaaaaaaaa_20000_w2 !h cccccccccccc !e {future}",
+                "PEXPIRE {Q} 600000",
+                "PEXPIRE {P} 600000",
+            ],
+            script: scripts::RELEASE,
+            call: Args {
+                pid: "cccccccccccc",
+                ..args("H")
+            },
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Ttl(Q, 4_519_000, 4_520_000),
+                Ttl(P, 4_519_000, 4_520_000),
+                Commands(17),
+            ],
+        },
+        Row {
+            name: "a queue's first member gives it its life whatever the expiry hint says",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "HSET {P} aaaaaaaaaaaa {now} !e {far}",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 1]",
+            checks: &[
+                Queue(&[M_LIVE]),
+                Ttl(Q, 4_504_000, 4_505_000),
+                Ttl(P, 4_504_000, 4_505_000),
+            ],
+        },
+        Row {
+            name: "a new process's record does not cut the processes hash's life",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 2]",
+            checks: &[
+                Process(LIVE, Some("now")),
+                Ttl(P, 4_990_000, 5_000_000),
+                Ttl(Q, 4_990_000, 5_000_000),
             ],
         },
     ]

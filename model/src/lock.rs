@@ -424,7 +424,7 @@ impl Queue {
                 self.publish(s, p, g);
                 self.watch_but(s, Some(p), px, false);
                 if more {
-                    self.keep(s, px);
+                    self.keep(s, px, false);
                 } else if !self.reverted(Revert::R3Retention) {
                     self.retain(s);
                 }
@@ -462,7 +462,7 @@ impl Queue {
         // the first member keeps the queue (later ones find it kept: by the first, or by the
         // calls that set the lease since)
         if s.queue.len() == 1 {
-            self.keep(s, pttl);
+            self.keep(s, pttl, true);
         }
         Reply::Locked {
             remaining: pttl,
@@ -509,7 +509,7 @@ impl Queue {
                             if !self.reverted(Revert::R2SelfWatch) {
                                 self.watch_but(s, hub, ttl, false);
                             }
-                            self.keep(s, ttl);
+                            self.keep(s, ttl, false);
                         } else {
                             self.del_pkey(s);
                         }
@@ -580,7 +580,7 @@ impl Queue {
         self.seen(s, Some(self.pw(w)));
         let queued = s.key.fence_q;
         if queued {
-            self.keep(s, ttl);
+            self.keep(s, ttl, false);
         }
         self.fence_flags(s, queued, None, Some(ttl))
     }
@@ -664,7 +664,7 @@ impl Queue {
         }
         if l.st != LockSt::P {
             self.watch_but(s, hub, ttl, true);
-            self.keep(s, ttl);
+            self.keep(s, ttl, false);
         }
         if !gone {
             return Reply::Renewed(s.key.fence);

@@ -22,6 +22,7 @@ impl<K: Key> Model for System<K> {
             back: 0,
             q_exp: 0,
             p_exp: 0,
+            e_hint: 0,
             procs: (0..self.np())
                 .map(|_| Pr {
                     run: Run::Running,

@@ -4,6 +4,11 @@
 use crate::fifo::Fifo;
 use crate::system::*;
 
+/// How much longer than it must a `keep` that moves them makes the queue and the processes
+/// hash live (the Lua: a quarter of the retention), so that a busy key moves them only once
+/// in a while.
+pub const KEEP_SLACK: u8 = 1;
+
 impl<K: Key> System<K> {
     // mirrors queue.lua -> queue -> listener(pid) (`listeners` asks for several at once):
     // somebody listens on the process's grant channel (its subscriber connection is up and a
@@ -50,6 +55,7 @@ impl<K: Key> System<K> {
         s.procs.iter().any(|pr| pr.rec != Rec::None)
             || s.watchers.iter().any(|w| w.is_some())
             || s.holder_pid.is_some()
+            || s.e_hint != 0
     }
 
     // mirrors queue.lua -> queue -> seen(pid, later): a new field gives the hash the retention
@@ -57,13 +63,18 @@ impl<K: Key> System<K> {
     // means what no record means). With `later` the Lua writes the record with the call's next
     // write of the hash (`flush`) and reads it as written until then: the same end state, one
     // HSET fewer.
+    //
+    // The retention only if the hash has no expiry (`PEXPIRE ... NX`): a new record must not
+    // cut the life `keep` gave the hash (and that '!e' states).
     pub fn seen(&self, s: &mut State<K>, hub: Option<usize>) {
         if let Some(p) = hub {
             let new = s.procs[p].rec == Rec::None;
             s.procs[p].rec = Rec::Seen(self.rnow(s));
             if new {
                 if let Some(r) = self.world().retain {
-                    s.p_exp = self.rnow(s) + r;
+                    if s.p_exp == 0 {
+                        s.p_exp = self.rnow(s) + r;
+                    }
                 }
             }
         }
@@ -79,20 +90,29 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> keep(px): the queue and the processes hash live the lease
-    // `px` plus the retention (R3 reverted: not called)
-    pub fn keep(&self, s: &mut State<K>, px: u8) {
+    // mirrors queue.lua -> queue -> keep(px, force): the queue and the processes hash live the
+    // lease `px` plus the retention at least. When '!e' says they do already, nothing is
+    // written; else both live that and `KEEP_SLACK` more, and '!e' says until when (`force`: a
+    // new queue, which has no expiry yet, whatever '!e' says). (R3 reverted: not called.) The
+    // Lua writes '!e' only where the call read it; the calls of the Lua that did not (a
+    // "continue", and every permits call) set the life exactly and drop '!e': the model has
+    // neither (its scan has no bound, its permits no retention).
+    pub fn keep(&self, s: &mut State<K>, px: u8, force: bool) {
         let Some(r) = self.world().retain else { return };
         if !self.rules.keep {
             return;
         }
         let life = self.rnow(s) + px + r;
+        if !force && s.e_hint != 0 && s.e_hint >= life {
+            return;
+        }
+        let life = life + KEEP_SLACK;
+        // (HSET '!e' first: it makes the hash if it is gone, and the PEXPIRE gives it its life)
+        s.e_hint = life;
         if !s.queue.is_empty() {
             s.q_exp = life;
         }
-        if self.pkey_exists(s) {
-            s.p_exp = life;
-        }
+        s.p_exp = life;
     }
 
     /// `DEL` the processes hash, watchers and `'!h'` included.
@@ -102,6 +122,7 @@ impl<K: Key> System<K> {
         }
         s.watchers = [None, None];
         s.holder_pid = None;
+        s.e_hint = 0;
         s.p_exp = 0;
     }
 

@@ -517,6 +517,9 @@ pub struct State<K> {
     /// expiry, or no key).
     pub q_exp: u8,
     pub p_exp: u8,
+    /// '!e': until when (Redis time) the last `keep` that moved them made the queue and the
+    /// processes hash live (0: no field); deleted with the processes hash.
+    pub e_hint: u8,
     // processes
     pub procs: Fifo<Pr, MAXP>,
     /// Messages in flight, FIFO per subscriber connection.

@@ -239,7 +239,7 @@ fn retention_with_long_holds() {
     exhaustive(
         "retention 2 + refresh + extend",
         with(&["retain=2", "refresh", "extend"]),
-        552_000,
+        555_000,
         &[],
     );
 }
@@ -249,7 +249,7 @@ fn retention_with_a_careless_holder_and_a_freeze() {
     exhaustive(
         "retention 2 + refresh + careless + freeze",
         with(&["retain=2", "refresh", "careless", "freeze"]),
-        3_233_000,
+        2_712_000,
         &[],
     );
 }

@@ -93,7 +93,8 @@ pub enum Check {
 pub struct Row {
     pub name: &'static str,
     /// Commands run before the call; `{now}` is Redis' clock in ms, `{old}` ten seconds ago,
-    /// `{soon}` in five seconds, `{future}` in ten minutes (a record made before Redis' clock
+    /// `{soon}` in five seconds, `{far}` in 5,000 s (an expiry hint '!e' no call of a row needs
+    /// to move), `{future}` in ten minutes (a record made before Redis' clock
     /// stepped back); `{queue:N}` adds N waiters of the dead process at the head; `_` inside a
     /// word stands for a space (queue members hold spaces).
     pub setup: &'static [&'static str],
@@ -114,6 +115,7 @@ fn words(kind: &Kind, cmd: &str, now_ms: u64) -> Vec<String> {
         .replace("{old}", &(now_ms - 10_000).to_string())
         .replace("{soon}", &(now_ms + 5_000).to_string())
         .replace("{future}", &(now_ms + 600_000).to_string())
+        .replace("{far}", &(now_ms + 5_000_000).to_string())
         .split(' ')
         .map(|w| w.replace('_', " "))
         .collect()

@@ -61,7 +61,6 @@ if holder_of(cur) == TOKEN then
   if state == GRANTED then
     local L = slow()
     local f = L.confirm_grant()
-    L.watch(PID, tonumber(TTL), true)
     return {GRANT_CONFIRMED, tonumber(TTL), f}
   end
   -- A full grant found by its waiter's own call (its message lost, or crossing the call):

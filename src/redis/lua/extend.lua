@@ -9,7 +9,6 @@ local state = state_of(cur)
 if state == GRANTED then
   local L = slow()
   local f = L.confirm_grant()
-  L.watch(PID, tonumber(TTL), true)
   return {GRANT_CONFIRMED, f}
 end
 if state == HANDED then redis.call('SETRANGE', KEYS[1], 0, QUEUED) end

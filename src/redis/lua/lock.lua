@@ -21,6 +21,9 @@
 
 local TAKEN, QUEUED, HANDED, GRANTED = 'p', 'q', 'h', 'g'
 
+-- A lock's processes hash keeps '!e', the queue's expiry hint (see `keep` in queue.lua).
+EXPIRY_HINT = true
+
 local function state_of(v) return string.sub(v, 1, 1) end
 local function holder_of(v) return string.sub(v, 2) end
 
@@ -158,13 +161,17 @@ local function slow()
     return DONE
   end
 
-  -- Confirms a short grant: the full TTL, state 'q', and the fence names no pending grant.
-  -- Returns the fence (of the hold: fences change only when a lock changes hands).
+  -- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
+  -- the watchers (who skip the caller's process) are told when the lease now ends. Returns
+  -- the fence (of the hold: fences change only when a lock changes hands).
   local function confirm_grant()
     redis.call('SET', lock, QUEUED .. TOKEN, 'PX', TTL)
     local old = redis.call('GET', fkey)
     local _, queued = fence_parse(old)
-    Q.seen(PID)
+    -- (The record is written with the watchers, and `keep` comes after them: it uses their
+    -- read of '!e'.)
+    Q.seen(PID, true)
+    Q.watch(PID, tonumber(TTL), true, nil, nil, queued)
     if queued then Q.keep(tonumber(TTL)) end
     return fence_flags(queued, nil, old or false, tonumber(TTL))
   end

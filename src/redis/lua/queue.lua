@@ -24,7 +24,8 @@
 --   clock stepped back, is not), or 'x' when a short grant to it lapsed (it is frozen or gone:
 --   its waiters are skipped until it calls again); fields '!w1', '!w2' = "<ms> <member>": the
 --   key's two watchers (see `watch`) and when each will look; '!h' (locks) the holder's pid,
---   a hint for choosing watchers, never for safety. Deleted when the queue empties.
+--   a hint for choosing watchers, never for safety; '!e' (locks) Redis time in ms until which
+--   the queue and the hash live at least (see `keep`). Deleted when the queue empties.
 -- Messages on a grant channel: 'g2 <fence> <px ms> <grant time us> <token>' (the key is
 --   <token>'s for px ms from Redis time <grant time>); 'w3 <px ms> <time us> <token>' (<token>
 --   is one of the watchers: look px ms after Redis time <time>, when the lease that ends first
@@ -45,6 +46,10 @@ local MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 -- (deleted, extended), handed over (or, leave, given back).
 local ACQUIRED, HELD_BY_CALLER, HELD, GRANT_CONFIRMED, CONTINUE, OTHER_LIMIT = 0, 1, 2, 3, 4, 5
 local NOT_HELD, DONE, HANDED_OVER = 0, 1, 2
+
+-- Whether the key's scripts keep '!e', the queue's expiry hint (see `keep`): the lock's
+-- (`lock.lua` sets it); the permits' keep no hint.
+local EXPIRY_HINT = false
 
 local now_cache
 local function now_us()
@@ -135,12 +140,35 @@ local function queue()
 
   -- The queue and the processes hash live while waiters wait: a queue's first member, and
   -- every call that sets a lease (`px` ms from now) while waiters may be queued, give them
-  -- that lease plus the retention (an expiry set only when a member is added would let a long
-  -- wait lose its queue: nobody would be granted, nobody told).
-  local function keep(px)
+  -- that lease plus the retention at least (an expiry set only when a member is added would
+  -- let a long wait lose its queue: nobody would be granted, nobody told).
+  -- Their expiry moves only when it must: the hash's '!e' (a lock's) says until when (Redis
+  -- ms) both live at least. A call that read it (`hint`, from `watch` or `watching`) and
+  -- finds it far enough writes nothing; else both get the lease plus the retention and
+  -- `SLACK` more, and '!e' says so (a busy key moves them once in an eighth of the retention:
+  -- `MARGIN` below '!e' is too short, which also covers a slot moved to a node whose clock
+  -- is behind by less than that). `force`: a new queue (no expiry yet, whatever '!e' says).
+  -- A call that did not read it sets the life exactly, and drops '!e' (it may have cut it).
+  local SLACK = math.floor(tonumber(RETAIN) / 4)
+  local MARGIN = math.floor(SLACK / 2)
+  local hint = nil
+  local function keep(px, force)
     local life = tonumber(RETAIN) + math.max(px, 0)
+    if EXPIRY_HINT and hint ~= nil then
+      local need = math.floor(now_us() / 1000) + life
+      if not force and hint and hint >= need + MARGIN then return end
+      hint = need + SLACK
+      -- ('!e' first: it makes the hash if it is gone, and the PEXPIRE gives it its life.)
+      redis.call('HSET', pkey, '!e', string.format('%.0f', hint))
+      life = life + SLACK
+    end
     redis.call('PEXPIRE', q, life)
     redis.call('PEXPIRE', pkey, life)
+    if EXPIRY_HINT and hint == nil then redis.call('HDEL', pkey, '!e') end
+  end
+  -- '!e' as read by this call (false: no field).
+  local function read_hint(v)
+    hint = (v and tonumber(v)) or false
   end
 
   -- A process record says when its process last called (ms). A record that is not fresh
@@ -184,7 +212,8 @@ local function queue()
     end
     if #writes == 0 then return end
     if redis.call('HSET', pkey, unpack(writes)) > fresh and pid then
-      redis.call('PEXPIRE', pkey, RETAIN)
+      -- (NX: a hash that has an expiry keeps it, the one `keep` gave it and '!e' states.)
+      redis.call('PEXPIRE', pkey, RETAIN, 'NX')
       sweep(now_ms)
     end
   end
@@ -288,7 +317,7 @@ local function queue()
         local pids = {}
         for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
         if ahead_on and not ahead_was then
-          ahead_was = redis.call('HMGET', pkey, '!w1', '!w2', '!h')
+          ahead_was = redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e')
           for n = 1, 2 do
             local m = ahead_was[n] and string.match(ahead_was[n], '^%d+ (.*)$')
             if m then pids[#pids + 1] = (split_member(m)) end
@@ -365,8 +394,9 @@ local function queue()
     local skips = skip
     if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
-    local cands, was = {}, ahead_was or redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h')
+    local cands, was = {}, ahead_was or redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h', '!e')
     ahead(false)
+    read_hint(was[4])
     local cur = {}
     for i = 1, 2 do
       local v = was[i]
@@ -456,8 +486,9 @@ local function queue()
   -- with the holder): `holding` is the set of the holders' processes (nil: a lock's, its '!h').
   local function watching(pttl, holding)
     local ms, pids = {}, {}
-    -- The watchers and a lock's holder ('!h'), in one read.
-    local was = redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h')
+    -- The watchers, a lock's holder ('!h') and the queue's expiry hint ('!e'), in one read.
+    local was = redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h', '!e')
+    read_hint(was[4])
     for i = 1, 2 do
       local v = was[i]
       ms[i] = v and string.match(v, '^%d+ (.*)$')
@@ -515,7 +546,7 @@ local function queue()
     -- The first member of a queue gives it (and the processes hash) the lease plus the
     -- retention. A queue that already had members has that life at least: from its first
     -- member, or from the last call that set a lease since (they all `keep` it).
-    if depth == 1 then keep(life and life() or pttl) end
+    if depth == 1 then keep(life and life() or pttl, true) end
     return {HELD, pttl, 1, listening, f, watcher, now_us(), depth}
   end
 
