@@ -154,10 +154,15 @@ impl Hub {
     ) -> Result<Registration> {
         let cell = Arc::new(Cell::new());
         let token = Arc::clone(token);
-        let (slot, new) = lock(&self.registry).join(key, channel, &token, &cell)?;
+        // The subscription is requested before the registry lock goes: whoever sees this
+        // waiter registered and then asks `settled()` waits for its subscription too (lock
+        // order: registry, then dirty; nothing takes them the other way round).
+        let mut registry = lock(&self.registry);
+        let (slot, new) = registry.join(key, channel, &token, &cell)?;
         if new {
             self.mark_dirty(channel.to_owned());
         }
+        drop(registry);
         Ok(Registration {
             hub: Arc::clone(self),
             token,
