@@ -35,11 +35,7 @@ if not cur then
       -- watchers are chosen again (one of them may be the caller itself, or of its process).
       redis.call('SETRANGE', lock, 0, QUEUED)
       -- ('!h' = PID, written with the watchers; `keep` gives the hash its expiry.)
-      if PID == '' then
-        L.ahead(false)
-        L.held_by('')
-      end
-      L.watch(PID, tonumber(TTL), nil, nil, nil, true, PID ~= '' and PID or nil)
+      L.watch(PID, tonumber(TTL), nil, nil, nil, true, PID)
       L.keep(tonumber(TTL))
     else
       redis.call('DEL', KEYS[4])

@@ -109,8 +109,8 @@ local function slow()
       chosen = m
       return 'last'
     end)
-    if not stopped then Q.ahead(false) end
     if not stopped then
+      Q.ahead(false)
       if full_scan then return 'more' end
       return 'empty'
     end

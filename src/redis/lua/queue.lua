@@ -166,9 +166,23 @@ local function queue()
     redis.call('PEXPIRE', pkey, life)
     if EXPIRY_HINT and hint == nil then redis.call('HDEL', pkey, '!e') end
   end
-  -- '!e' as read by this call (false: no field).
-  local function read_hint(v)
-    hint = (v and tonumber(v)) or false
+
+  -- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
+  -- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
+  local function read_fields()
+    return redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e')
+  end
+
+  -- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
+  -- the calls whose `keep` follows their watchers' choice do (`watch`, `watching`).
+  local function use_hint(was)
+    hint = (was[4] and tonumber(was[4])) or false
+  end
+
+  -- The member a watcher field names ("<ms> <member>"), and its ms.
+  local function watcher_of(v)
+    local at, m = string.match(v or '', '^(%d+) (.*)$')
+    return m, at and tonumber(at)
   end
 
   -- A process record says when its process last called (ms). A record that is not fresh
@@ -263,13 +277,11 @@ local function queue()
     end
     if #ask == 0 then return end
     local recs = redis.call('HMGET', pkey, unpack(ask))
-    -- (A due record reads as written: see `seen`.)
-    for j, pid in ipairs(ask) do
-      if pid == due then recs[j] = math.floor(now_us() / 1000) end
-    end
-    -- A lapsed process is gone whoever listens: only the others are asked about.
+    -- A lapsed process is gone whoever listens: only the others are asked about. (A due
+    -- record reads as written: see `seen`.)
     local live, of = {}, {}
     for j, pid in ipairs(ask) do
+      if pid == due then recs[j] = math.floor(now_us() / 1000) end
       if recs[j] ~= LAPSED then
         live[#live + 1] = pid
         of[#live] = j
@@ -317,9 +329,9 @@ local function queue()
         local pids = {}
         for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
         if ahead_on and not ahead_was then
-          ahead_was = redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e')
+          ahead_was = read_fields()
           for n = 1, 2 do
-            local m = ahead_was[n] and string.match(ahead_was[n], '^%d+ (.*)$')
+            local m = watcher_of(ahead_was[n])
             if m then pids[#pids + 1] = (split_member(m)) end
           end
         end
@@ -388,22 +400,20 @@ local function queue()
   -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
   -- other is left, `last` (the process whose lease ends first) last. `kept`: the caller gives
   -- the processes hash its expiry after this call (else a hash this call made gets one).
-  -- `holder` (a lock's grant): the new holder's pid, '!h', written with the watchers (and the
-  -- due record, see `seen`) in one HSET, where a field changes.
+  -- `holder` (a lock's change of holder): the new holder's pid, '!h', written with the
+  -- watchers (and the due record, see `seen`) in one HSET, where a field changes ('': not
+  -- known, '!h' goes).
   local function watch(skip, px, later, fill, last, kept, holder)
     local skips = skip
     if type(skip) ~= 'table' then skips = {[skip] = true} end
     local until_ms = math.floor(now_us() / 1000) + px
-    local cands, was = {}, ahead_was or redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h', '!e')
+    local cands, was = {}, ahead_was or read_fields()
     ahead(false)
-    read_hint(was[4])
+    use_hint(was)
     local cur = {}
     for i = 1, 2 do
-      local v = was[i]
-      if v then
-        local at, m = string.match(v, '^(%d+) (.*)$')
-        if m then cur[#cur + 1] = {m = m, at = tonumber(at)} end
-      end
+      local m, at = watcher_of(was[i])
+      if m then cur[#cur + 1] = {m = m, at = at} end
     end
     if #cur > 0 then
       know({(split_member(cur[1].m)), cur[2] and (split_member(cur[2].m))})
@@ -472,7 +482,11 @@ local function queue()
         gone[#gone + 1] = WATCHERS[i]
       end
     end
-    if holder then put(3, '!h', holder) end
+    if holder == '' then
+      if was[3] then gone[#gone + 1] = '!h' end
+    elseif holder then
+      put(3, '!h', holder)
+    end
     flush(writes, fresh)
     if #gone > 0 then redis.call('HDEL', pkey, unpack(gone)) end
     -- (`kept`: the caller sets the hash's expiry after this.)
@@ -486,12 +500,10 @@ local function queue()
   -- with the holder): `holding` is the set of the holders' processes (nil: a lock's, its '!h').
   local function watching(pttl, holding)
     local ms, pids = {}, {}
-    -- The watchers, a lock's holder ('!h') and the queue's expiry hint ('!e'), in one read.
-    local was = redis.call('HMGET', pkey, WATCHERS[1], WATCHERS[2], '!h', '!e')
-    read_hint(was[4])
+    local was = read_fields()
+    use_hint(was)
     for i = 1, 2 do
-      local v = was[i]
-      ms[i] = v and string.match(v, '^%d+ (.*)$')
+      ms[i] = watcher_of(was[i])
       pids[i] = ms[i] and split_member(ms[i])
     end
     local function fits(i) return pids[3 - i] ~= PID end
