@@ -1003,6 +1003,84 @@ fn rows() -> Vec<Row> {
                 Ttl(P, 4_504_000, 4_505_000),
             ],
         },
+        // Issue 36: a record the call read that is younger than a quarter of the presence
+        // window is not written again (these rows: a window of a minute, the record a second
+        // old).
+        Row {
+            name: "commands: a queueing attempt, its record young, the watchers kept: 10, no HSET",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 2 eeeeeeeeeeee_30000_y1",
+                "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                presence: 60_000,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 0, _, 3]",
+            checks: &[
+                Queue(&["bbbbbbbbbbbb 30000 x1", "eeeeeeeeeeee 30000 y1", M_LIVE]),
+                Process(LIVE, Some("{young}")),
+                Commands(10),
+            ],
+        },
+        Row {
+            name: "a record older than a quarter of the presence window is written again",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 2 eeeeeeeeeeee_30000_y1",
+                "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                presence: 3_000,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 0, _, 3]",
+            checks: &[Process(LIVE, Some("now")), Commands(11)],
+        },
+        Row {
+            name: "commands: a release that grants, its record young, '!h' and the watchers kept: 13, no HSET",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !h aaaaaaaaaaaa !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::RELEASE,
+            call: Args {
+                pid: LIVE,
+                presence: 60_000,
+                ..args("H")
+            },
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Queue(&[M_LIVE2]),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", None),
+                Process("!h", Some(LIVE)),
+                Process(LIVE, Some("{young}")),
+                Messages(&["aaaaaaaaaaaa: g2 "]),
+                Commands(13),
+            ],
+        },
         Row {
             name: "a new process's record does not cut the processes hash's life",
             setup: &[

@@ -441,7 +441,7 @@ impl Queue {
     // mirrors lock.lua -> slow -> enqueue(pttl)
     fn enqueue(&self, s: &mut St, w: W, pttl: u8) -> Reply {
         let p = self.pw(w);
-        self.seen(s, Some(p));
+        self.seen(s, Some(p), true);
         // `add_member`: at the back, once (its score never below the last member's, so the
         // queue's order is the order of arrival, as here, also across a clock step)
         if !s.queue.contains(&w) {
@@ -497,7 +497,7 @@ impl Queue {
                         self.lapse(s, pp as usize);
                     }
                 }
-                self.seen(s, hub);
+                self.seen(s, hub, false);
                 match self.serve(s, if member { Some(w) } else { None }) {
                     Served::Me | Served::Empty => {
                         let more = !s.queue.is_empty();
@@ -577,7 +577,7 @@ impl Queue {
             holder: w,
             exp: self.rnow(s) + ttl,
         });
-        self.seen(s, Some(self.pw(w)));
+        self.seen(s, Some(self.pw(w)), true);
         let queued = s.key.fence_q;
         if queued {
             self.keep(s, ttl, false);
@@ -614,7 +614,8 @@ impl Queue {
             s.key.lock = None;
             return Reply::Done;
         }
-        self.seen(s, Some(self.pw(w)));
+        // (read: by the grant's walk; a queue that is empty deletes the hash)
+        self.seen(s, Some(self.pw(w)), true);
         self.release_held(s, l.st)
     }
 

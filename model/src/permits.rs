@@ -614,7 +614,7 @@ impl Permits {
             };
         }
         let p = self.pw(w);
-        self.seen(s, Some(p));
+        self.seen(s, Some(p), true);
         if !s.queue.contains(&w) {
             s.queue.push(w);
         }

@@ -66,8 +66,18 @@ impl<K: Key> System<K> {
     //
     // The retention only if the hash has no expiry (`PEXPIRE ... NX`): a new record must not
     // cut the life `keep` gave the hash (and that '!e' states).
-    pub fn seen(&self, s: &mut State<K>, hub: Option<usize>) {
+    //
+    // `read`: the call read the record on its way (the Lua's `read_fields`, in `watching`,
+    // `watch` and a grant's walk), and leaves one younger than `young` ticks as it is (`flush`:
+    // a process that calls often writes its record once in a while, not on every call).
+    pub fn seen(&self, s: &mut State<K>, hub: Option<usize>, read: bool) {
         if let Some(p) = hub {
+            if let (true, Rec::Seen(t)) = (read, s.procs[p].rec) {
+                let now = self.rnow(s);
+                if now >= t && now - t < self.world().young {
+                    return;
+                }
+            }
             let new = s.procs[p].rec == Rec::None;
             s.procs[p].rec = Rec::Seen(self.rnow(s));
             if new {

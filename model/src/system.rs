@@ -58,6 +58,10 @@ pub struct World {
     pub ttl: u8,
     /// A process is fresh when Redis saw it call within this many ticks (`now - seen <= presence`).
     pub presence: u8,
+    /// A record younger than this many ticks that a call read is not written again by that
+    /// call (`seen`; the Lua: a quarter of the presence window, so 0 here unless a run sets a
+    /// wider window).
+    pub young: u8,
     /// Each wait's deadline, from its start.
     pub wait: u8,
     /// The clock stops here.
@@ -99,6 +103,7 @@ impl Default for World {
             wpp: 2,
             ttl: 4,
             presence: 1,
+            young: 0,
             wait: 6,
             horizon: 8,
             notice: 3,

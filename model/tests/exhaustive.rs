@@ -53,7 +53,8 @@ const G: &str = "(g) a guard never outlives its lease in Redis";
 /// The model with these fault families (budget 1 each): loss, freeze, drop, kill, stall; and
 /// holders' own calls and Redis' clock (each one more per mention): extend (with a shorter or
 /// a longer TTL), refresh, careless (a holder that overstays its lease), step (Redis' clock
-/// steps back); `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`.
+/// steps back); `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`, `presence=<ticks>` (the
+/// presence window), `young=<ticks>` (a record that young is not written again: `seen`).
 fn with(faults: &[&str]) -> Cfg {
     let mut c = Cfg::default();
     for f in faults {
@@ -70,6 +71,8 @@ fn with(faults: &[&str]) -> Cfg {
             x if x.starts_with("retain=") => c.world.retain = Some(x[7..].parse().expect("ticks")),
             x if x.starts_with("horizon=") => c.world.horizon = x[8..].parse().expect("ticks"),
             x if x.starts_with("wait=") => c.world.wait = x[5..].parse().expect("ticks"),
+            x if x.starts_with("presence=") => c.world.presence = x[9..].parse().expect("ticks"),
+            x if x.starts_with("young=") => c.world.young = x[6..].parse().expect("ticks"),
             other => panic!("unknown fault family {other}"),
         }
     }
@@ -267,6 +270,37 @@ fn redis_clock_steps_back_and_a_freeze() {
 #[test]
 fn redis_clock_steps_back_and_a_kill() {
     exhaustive("clock step + kill", with(&["step", "kill"]), 480_000, &[]);
+}
+
+// Issue 36: a call that read its process's record leaves it as it is while it is young (the
+// Lua: younger than a quarter of the presence window). With the model's window of 1 tick that
+// is never; here the window is 2 ticks and a record is young for both (the widest the rule
+// allows), with the faults that the fresh/stale verdict decides the cost of.
+#[test]
+fn young_records_kept_with_a_freeze_and_a_kill() {
+    exhaustive(
+        "presence 2, records young for 2 + freeze + kill",
+        with(&["presence=2", "young=2", "freeze", "kill"]),
+        1_480_000,
+        &[],
+    );
+}
+
+#[test]
+fn young_records_kept_with_retention_a_careless_holder_and_a_freeze() {
+    exhaustive(
+        "presence 2, records young for 2 + retention 2 + refresh + careless + freeze",
+        with(&[
+            "presence=2",
+            "young=2",
+            "retain=2",
+            "refresh",
+            "careless",
+            "freeze",
+        ]),
+        2_950_000,
+        &[],
+    );
 }
 
 #[test]

@@ -45,6 +45,8 @@ pub struct Args {
     pub pid: &'static str,
     pub flag: &'static str,
     pub fence: &'static str,
+    /// The presence window, ms (a record younger than a quarter of it is not written again).
+    pub presence: u64,
 }
 
 pub const fn args(token: &'static str) -> Args {
@@ -55,6 +57,7 @@ pub const fn args(token: &'static str) -> Args {
         pid: "",
         flag: "",
         fence: "",
+        presence: 100,
     }
 }
 
@@ -73,7 +76,8 @@ pub enum Check {
     FencePttl(u64, u64),
     /// The queue holds exactly these members, in order.
     Queue(&'static [&'static str]),
-    /// A field of the processes hash (`None`: absent; `Some("now")`: a recent time).
+    /// A field of the processes hash (`None`: absent; `Some("now")`: a recent time;
+    /// `Some("{young}")`: the setup's `{young}`, not written again).
     Process(&'static str, Option<&'static str>),
     /// The member a watcher field (`!w1`, `!w2`) names (`None`: no watcher).
     Watcher(&'static str, Option<&'static str>),
@@ -93,6 +97,7 @@ pub enum Check {
 pub struct Row {
     pub name: &'static str,
     /// Commands run before the call; `{now}` is Redis' clock in ms, `{old}` ten seconds ago,
+    /// `{young}` one second ago (young for a presence window of a minute),
     /// `{soon}` in five seconds, `{far}` in 5,000 s (an expiry hint '!e' no call of a row needs
     /// to move), `{future}` in ten minutes (a record made before Redis' clock
     /// stepped back); `{queue:N}` adds N waiters of the dead process at the head; `_` inside a
@@ -113,6 +118,7 @@ fn words(kind: &Kind, cmd: &str, now_ms: u64) -> Vec<String> {
         .replace("{X}", kind.fences.unwrap_or("{X}"))
         .replace("{now}", &now_ms.to_string())
         .replace("{old}", &(now_ms - 10_000).to_string())
+        .replace("{young}", &(now_ms - 1_000).to_string())
         .replace("{soon}", &(now_ms + 5_000).to_string())
         .replace("{future}", &(now_ms + 600_000).to_string())
         .replace("{far}", &(now_ms + 5_000_000).to_string())
@@ -212,7 +218,7 @@ pub async fn run_rows(kind: &Kind, rows: Vec<Row>) {
             a.ttl.to_string(),
             "3600000".into(),
             "500".into(),
-            "100".into(),
+            a.presence.to_string(),
             a.member.into(),
             a.pid.into(),
             a.flag.into(),
@@ -336,6 +342,12 @@ async fn check_one(
                         row.name
                     );
                 }
+                Some("{young}") => assert_eq!(
+                    v,
+                    Some((now_ms - 1_000).to_string()),
+                    "{}: process {field} written again",
+                    row.name
+                ),
                 other => assert_eq!(v.as_deref(), *other, "{}: process {field}", row.name),
             }
         }

@@ -169,8 +169,13 @@ local function queue()
 
   -- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
   -- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
+  -- With a record due (see `seen`), the same HMGET reads it too (`due_rec`).
+  local due, due_rec = nil, nil
   local function read_fields()
-    return redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e')
+    if not due then return redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e') end
+    local r = redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e', due)
+    due_rec = r[5] or false
+    return r
   end
 
   -- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
@@ -209,9 +214,14 @@ local function queue()
     if #stale > 0 then redis.call('HDEL', pkey, unpack(stale)) end
   end
 
-  -- The caller's record, when `seen(pid, true)` left it due: written with this call's next
-  -- write of the hash (`flush`), one HSET for both. Until then the call reads it as written.
-  local due = nil
+  -- The caller's record, when `seen(pid, true)` left it due (`due`, above): written with this
+  -- call's next write of the hash (`flush`), one HSET for both. Until then the call reads it
+  -- as written. A record the call read (`due_rec`, see `read_fields`) that is younger than a
+  -- quarter of the presence window is not written again (`YOUNG`): a process that calls a key
+  -- often writes its record about once per quarter window, not on every call. It reads as
+  -- fresh either way (a record only ever gets older than the process's last call: a process
+  -- may read as stale sooner, never as fresh longer).
+  local YOUNG = math.floor(PRESENCE / 4)
 
   -- Writes `writes` (field, value, ...; `fresh` of them new fields, as the caller read them)
   -- and the due record in one HSET; a record that is a new field gives the hash the retention
@@ -219,6 +229,10 @@ local function queue()
   local function flush(writes, fresh)
     local pid, now_ms = due, nil
     due = nil
+    if pid and due_rec then
+      local age = math.floor(now_us() / 1000) - (tonumber(due_rec) or -1e15)
+      if age >= 0 and age < YOUNG then pid = nil end
+    end
     if pid then
       now_ms = math.floor(now_us() / 1000)
       writes[#writes + 1] = pid
@@ -234,7 +248,8 @@ local function queue()
 
   -- Process `pid` called on this key now. `later`: its record is written by the call's next
   -- write of the hash (the caller makes sure one comes: `flush`, `watch`, `watching`), and
-  -- read as written until then; the end state is the same.
+  -- read as written until then; the end state is the same, except that a young record the
+  -- call read on the way stays as it is (see `flush`).
   local function seen(pid, later)
     if pid == '' then return end
     due = pid
