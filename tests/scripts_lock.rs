@@ -954,7 +954,7 @@ fn rows() -> Vec<Row> {
                 // ('!e' says the queue and the hash live long enough: not moved)
                 Ttl(Q, 4_990_000, 5_000_000),
                 Ttl(P, 4_990_000, 5_000_000),
-                Commands(14),
+                Commands(13),
             ],
         },
         Row {
@@ -979,7 +979,7 @@ fn rows() -> Vec<Row> {
                 Get(L, Some("hw1")),
                 Ttl(Q, 4_519_000, 4_520_000),
                 Ttl(P, 4_519_000, 4_520_000),
-                Commands(17),
+                Commands(16),
             ],
         },
         Row {
@@ -1053,7 +1053,7 @@ fn rows() -> Vec<Row> {
             checks: &[Process(LIVE, Some("now")), Commands(11)],
         },
         Row {
-            name: "commands: a release that grants, its record young, '!h' and the watchers kept: 13, no HSET",
+            name: "commands: a release that grants, its record young, '!h' and the watchers kept: 12, no HSET",
             setup: &[
                 "SET {L} qH PX 5000",
                 "SET {F} 100_q PX 60000",
@@ -1078,7 +1078,37 @@ fn rows() -> Vec<Row> {
                 Process("!h", Some(LIVE)),
                 Process(LIVE, Some("{young}")),
                 Messages(&["aaaaaaaaaaaa: g2 "]),
-                Commands(13),
+                Commands(12),
+            ],
+        },
+        Row {
+            name: "commands: a release that grants, a watcher's process not among the heads: read after them",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x2",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} cccccccccccc {old} eeeeeeeeeeee {now} !w1 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::RELEASE,
+            call: Args {
+                pid: "cccccccccccc",
+                ..args("H")
+            },
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Queue(&["bbbbbbbbbbbb 30000 x2"]),
+                Watcher("!w1", Some("bbbbbbbbbbbb 30000 x2")),
+                Watcher("!w2", None),
+                Process("!h", Some(LIVE)),
+                Process("cccccccccccc", Some("now")),
+                Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 "]),
+                // (the second HMGET: the departed watcher's process, and a PUBSUB NUMSUB for
+                // it, as nobody listens for it sharded)
+                Commands(16),
             ],
         },
         Row {

@@ -31,7 +31,8 @@ impl<K: Key> System<K> {
     }
 
     // mirrors queue.lua -> queue -> process(pid) (with `judge`; `know` asks for several pids
-    // in one read, the same answers): gone (lapsed 'x', or nobody listens), fresh (seen
+    // in one read, a grant's first heads' with the watcher fields (`read_fields`), the same
+    // answers): gone (lapsed 'x', or nobody listens), fresh (seen
     // within the presence window, by Redis' clock, not in its future) or stale
     pub fn process(&self, s: &State<K>, p: usize) -> Status {
         let pr = s.procs[p];

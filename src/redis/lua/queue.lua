@@ -169,13 +169,20 @@ local function queue()
 
   -- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
   -- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
-  -- With a record due (see `seen`), the same HMGET reads it too (`due_rec`).
+  -- With a record due (see `seen`), the same HMGET reads it too (`due_rec`); and the records
+  -- of `pids` (a grant's first heads), returned as a table pid -> record (false: none) for
+  -- `know`.
   local due, due_rec = nil, nil
-  local function read_fields()
-    if not due then return redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e') end
-    local r = redis.call('HMGET', pkey, '!w1', '!w2', '!h', '!e', due)
-    due_rec = r[5] or false
-    return r
+  local function read_fields(pids)
+    local fields = {'!w1', '!w2', '!h', '!e'}
+    if due then fields[5] = due end
+    local at = #fields
+    for _, pid in ipairs(pids or {}) do fields[#fields + 1] = pid end
+    local r = redis.call('HMGET', pkey, unpack(fields))
+    if due then due_rec = r[5] or false end
+    local recs = {}
+    for j = at + 1, #fields do recs[fields[j]] = r[j] or false end
+    return r, recs
   end
 
   -- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
@@ -281,17 +288,25 @@ local function queue()
   end
 
   -- Learns what `process` says of each of `pids` not known yet, in one read of their records
-  -- and one (or, for classic pub/sub, two) of their listeners, whatever their number.
-  local function know(pids)
-    local ask, asked = {}, {}
+  -- (none for those whose record `pre` has, from `read_fields`) and one (or, for classic
+  -- pub/sub, two) of their listeners, whatever their number.
+  local function know(pids, pre)
+    local ask, asked, unread = {}, {}, {}
+    pre = pre or {}
     for _, pid in ipairs(pids) do
       if pid and not known[pid] and not asked[pid] then
         asked[pid] = true
         ask[#ask + 1] = pid
+        if pre[pid] == nil then unread[#unread + 1] = pid end
       end
     end
     if #ask == 0 then return end
-    local recs = redis.call('HMGET', pkey, unpack(ask))
+    if #unread > 0 then
+      local r = redis.call('HMGET', pkey, unpack(unread))
+      for j, pid in ipairs(unread) do pre[pid] = r[j] or false end
+    end
+    local recs = {}
+    for j, pid in ipairs(ask) do recs[j] = pre[pid] or nil end
     -- A lapsed process is gone whoever listens: only the others are asked about. (A due
     -- record reads as written: see `seen`.)
     local live, of = {}, {}
@@ -341,16 +356,18 @@ local function queue()
         heads = redis.call('ZRANGE', q, from, from + n - 1)
         full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
         if #heads == 0 then return nil end
-        local pids = {}
+        local pids, pre = {}, nil
         for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
         if ahead_on and not ahead_was then
-          ahead_was = read_fields()
+          -- (The heads' records in the same HMGET: with few processes, the watchers' are among
+          -- them, and `know` reads nothing more.)
+          ahead_was, pre = read_fields(pids)
           for n = 1, 2 do
             local m = watcher_of(ahead_was[n])
             if m then pids[#pids + 1] = (split_member(m)) end
           end
         end
-        know(pids)
+        know(pids, pre)
       end
       i = i + 1
       return heads[i]
