@@ -70,6 +70,10 @@
 //!   hub's `Pending` between reconnect and confirmation is seen only by a waiter whose attempt
 //!   found its process deaf.
 //!
+//! **Several keys at once** (issue 32) have a model of their own, `sets`: the grant rule of
+//! a set of keys in one slot, written before its scripts, with two naive rules'
+//! counterexamples (`tests/sets.rs`).
+//!
 //! **Switches.** `Cfg::default()` is the code as it is. The lock's `Cfg::bug` brings back one
 //! of two old bugs, and `Cfg::revert` takes one of the fixes of findings F1–F7, R1–R5 back (the
 //! finding tests); the permits' likewise P1–P3 (`permits::Cfg`).
@@ -83,6 +87,7 @@ mod narrate;
 pub mod permits;
 mod process;
 mod queue;
+pub mod sets;
 pub mod system;
 mod waiter;
 

@@ -1,0 +1,474 @@
+//! Several keys at once (issue 32): the grant rule of a set of keys in one Cluster slot, and
+//! the two naive rules it replaces, checked exhaustively. This is the rule written before the
+//! scripts: the lock model (`lock.rs`) has one key; this one has three keys and their queues,
+//! and sets of them.
+//!
+//! **The rule (`Rule::AllAtOnce`).** A set waits in one script: it joins the back of every one
+//! of its keys' queues at once, holding nothing. It is granted, all of its keys in one step,
+//! only when it is at the head of every one of its queues and every one of its keys is free.
+//! Every call that frees a key or removes a head (a release, a lease that ended and the watcher
+//! that looks, a waiter that leaves) serves each key it touched: the head of that key's queue
+//! is granted if the rule allows it. Departed waiters (their process died) at a head are
+//! dropped by the call that finds them, from every queue.
+//!
+//! **FIFO for overlapping sets**, as this rule defines it: a set is never granted while an
+//! older set that shares a key with it still waits ("older": joined its queues first; joining
+//! is one step, so the order is one order for every queue). Sets that share no key are not
+//! ordered: a set that waits for a held key does not hold back a later set on other keys.
+//! No deadlock follows from the same order: the oldest waiting set is at the head of each of
+//! its queues, so it is granted as soon as its keys are free, and keys held by running holders
+//! are freed by their release, by a crashed holder's lease ending.
+//!
+//! **The naive rules**, each with a counterexample (`tests/sets.rs`):
+//! - `Rule::EachInTurn` (Redisson's `MultiLock` with waiting, composite locks in the caller's
+//!   order): each key of the caller's order in turn, through that key's own FIFO queue, the keys
+//!   taken so far held while waiting for the next: A,B against B,A deadlocks;
+//! - `Rule::WhenAllFree` (one script, polling: node-redlock's arrays): a set takes its keys
+//!   when it finds them all free, queue order ignored: a later set passes an older one that
+//!   overlaps it (and can starve it).
+//!
+//! **Faults:** a waiter's process dies while it waits (its members stay queued until a call
+//! finds them at a head) or while it holds (its keys stay held until their lease ends, which
+//! Redis notices in any order; then a watcher looks); a waiter leaves (a timeout or a
+//! cancellation: its members are removed, and the keys it touched served). **Abstracted:** the
+//! clock (a lease ends at any step after its holder died; holders release at any step),
+//! messages (a grant is delivered: the lock model checks its faults: loss, freeze, drop, stall,
+//! which a set's one grant message meets as a single key's does), the processes hash and the
+//! watchers (a look at a key is offered once its dead holder's lease ended with waiters
+//! queued, and until a call serves that key: the watcher whose look the lock model checks).
+//!
+//! **Properties:** (S1) no key has two holders, and a holder holds every key of its set; (S2)
+//! FIFO as defined above; (S3) no deadlock: every run ends with every waiter ended (granted
+//! and released, left, or dead); (S4) nothing left behind: at the end, every key free and
+//! every queue empty; (S5) no waiting: after every step, no live set that the rule would grant
+//! is left waiting, except on a key whose lease just ended (its watcher's look is the cost, as
+//! for one key). (S5) is this model's idle bound, and what finds a call that forgets to serve
+//! a queue it changed.
+//!
+//! **What the model found** (before any script): every queue whose head a call changes must be
+//! served by that call. A departed waiter found at the head of one queue (the one served, or
+//! another queue of the head being judged) is dropped from all of its queues, and each of
+//! them must be served; serving fewer leaves a live set behind it waiting on free keys
+//! (`Cfg::drop_serves`, (S5); a first draft of this model served only the other queues, and
+//! deadlocked (S3) with five sets: the head judged had a departed waiter before it on a free
+//! key). And a cost the rule has that one key does not: a departed
+//! waiter at the head of a free key's queue, blocked by another key of its set that a live
+//! holder keeps, holds back the sets behind it on the free key until a call finds it (that
+//! holder's release at the latest); a process that dies is noticed only by a call. (S5) does
+//! not count it (a dead head is not live), and (S3) holds because the holder releases.
+
+use stateright::{Model, Property};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// Keys in the model (A, B, C).
+pub const KEYS: usize = 3;
+
+/// The grant rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// The rule to build: queued once in every key's queue, granted all at once.
+    AllAtOnce,
+    /// Naive: each key in the caller's order, each through its own queue, held while waiting.
+    EachInTurn,
+    /// Naive: all at once when all are free, the queues ignored (a poller).
+    WhenAllFree,
+}
+
+/// The configuration.
+#[derive(Clone, Debug)]
+pub struct Cfg {
+    pub rule: Rule,
+    /// Each waiter's keys, in its caller's order (the order matters to `EachInTurn` only).
+    pub sets: Vec<Vec<usize>>,
+    /// Processes that die (each a waiter's, waiting or holding).
+    pub deaths: u8,
+    /// Waiters that leave (a timeout or a cancellation).
+    pub leaves: u8,
+    /// A departed waiter dropped from the head of one queue gets the other queues it leaves
+    /// served too (as implemented; false: only the queue it was found at, which (S5) breaks).
+    pub drop_serves: bool,
+}
+
+impl Default for Cfg {
+    /// A,B against B,A, and a cycle B,C and C,A (dining philosophers), one death and one leave.
+    fn default() -> Cfg {
+        Cfg {
+            rule: Rule::AllAtOnce,
+            sets: vec![vec![0, 1], vec![1, 0], vec![1, 2], vec![2, 0]],
+            deaths: 1,
+            leaves: 1,
+            drop_serves: true,
+        }
+    }
+}
+
+/// A waiter's phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ph {
+    Idle,
+    Waiting,
+    Holding,
+    /// Released its set.
+    Done,
+    /// Left while waiting (what it had taken given back).
+    Left,
+    /// Its process died: what it holds stays until the lease ends, its members stay queued
+    /// until a call finds them.
+    Dead,
+}
+
+/// The state: Redis' keys and queues, the waiters, the budgets, the ghosts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct St {
+    pub ph: Vec<Ph>,
+    /// Redis: each key's holder (a waiter), while its lease lasts.
+    pub holder: [Option<u8>; KEYS],
+    /// Redis: each key's queue, oldest first.
+    pub queue: [Vec<u8>; KEYS],
+    /// Ghost: the order in which waiters began to wait (0: not yet).
+    pub seq: Vec<u8>,
+    pub next_seq: u8,
+    pub deaths_left: u8,
+    pub leaves_left: u8,
+    /// Ghost: a grant broke FIFO (S2).
+    pub unfair: bool,
+    /// A dead holder's lease of the key ended with waiters queued, and no call has served it
+    /// since: a watcher looks (the only step a lease's end offers).
+    pub lapsed: [bool; KEYS],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    /// The waiter's first call (`acquire_many_wait`).
+    Start(u8),
+    /// A poller's retry (`WhenAllFree`).
+    Poll(u8),
+    Release(u8),
+    Leave(u8),
+    Die(u8),
+    /// A dead holder's lease of this key ends (Redis deletes the key).
+    Expire(u8),
+    /// A watcher looks at this key: free, with a queue.
+    Look(u8),
+}
+
+/// The model.
+pub struct Sets {
+    pub cfg: Cfg,
+    /// Report only the first violation of each property (the shortest traces with BFS).
+    pub first_only: bool,
+    latched: [AtomicBool; 3],
+}
+
+impl Sets {
+    pub fn new(cfg: Cfg) -> Sets {
+        Sets {
+            cfg,
+            first_only: false,
+            latched: Default::default(),
+        }
+    }
+
+    fn latch(&self, n: usize, ok: bool) -> bool {
+        ok || (self.first_only && self.latched[n].swap(true, Relaxed))
+    }
+
+    fn keys(&self, w: u8) -> &[usize] {
+        &self.cfg.sets[w as usize]
+    }
+
+    fn overlap(&self, a: u8, b: u8) -> bool {
+        self.keys(a).iter().any(|k| self.keys(b).contains(k))
+    }
+
+    /// `w` takes `k` (and, with all its keys taken, holds): the FIFO ghost looks at the sets
+    /// that still wait.
+    fn take(&self, s: &mut St, w: u8, k: usize) {
+        s.holder[k] = Some(w);
+        for q in s.queue.iter_mut() {
+            if self.cfg.rule == Rule::AllAtOnce {
+                q.retain(|&x| x != w);
+            }
+        }
+        if self.cfg.rule == Rule::EachInTurn {
+            s.queue[k].retain(|&x| x != w);
+        }
+        if self.keys(w).iter().all(|&j| s.holder[j] == Some(w)) {
+            s.ph[w as usize] = Ph::Holding;
+            let older_waits = (0..s.ph.len() as u8).any(|v| {
+                s.ph[v as usize] == Ph::Waiting
+                    && s.seq[v as usize] < s.seq[w as usize]
+                    && self.overlap(v, w)
+            });
+            if older_waits {
+                s.unfair = true;
+            }
+        }
+    }
+
+    /// Drops departed waiters at the head of `k`'s queue, from every queue of theirs (a set's
+    /// members go together); returns the keys whose queues lost a member, `k`'s included:
+    /// their new heads must be served too (`Rule::AllAtOnce`'s `serve`; without
+    /// `Cfg::drop_serves`, none is).
+    fn drop_dead_heads(&self, s: &mut St, k: usize) -> Vec<usize> {
+        let mut left = Vec::new();
+        while let Some(&h) = s.queue[k].first() {
+            if s.ph[h as usize] != Ph::Dead {
+                break;
+            }
+            for (j, q) in s.queue.iter_mut().enumerate() {
+                if q.contains(&h) && self.cfg.drop_serves && !left.contains(&j) {
+                    left.push(j);
+                }
+                q.retain(|&x| x != h);
+            }
+        }
+        left
+    }
+
+    /// Serves each of `keys`: the rule's grant, in one script.
+    fn serve(&self, s: &mut St, keys: &[usize]) {
+        let mut todo: Vec<usize> = keys.to_vec();
+        match self.cfg.rule {
+            Rule::AllAtOnce => {
+                while let Some(k) = todo.pop() {
+                    s.lapsed[k] = false;
+                    // (k's own new head is served now, below)
+                    let more = self.drop_dead_heads(s, k);
+                    todo.extend(more.into_iter().filter(|&j| j != k));
+                    let Some(&h) = s.queue[k].first() else {
+                        continue;
+                    };
+                    // (the script reads the head's other queues' heads too, and drops the
+                    // departed ones it finds there)
+                    let mut grantable = true;
+                    for &j in self.keys(h) {
+                        let more = self.drop_dead_heads(s, j);
+                        todo.extend(more);
+                        if s.holder[j].is_some() || s.queue[j].first() != Some(&h) {
+                            grantable = false;
+                        }
+                    }
+                    if grantable {
+                        for &j in self.cfg.sets[h as usize].clone().iter() {
+                            self.take(s, h, j);
+                        }
+                    }
+                }
+            }
+            Rule::EachInTurn => {
+                while let Some(k) = todo.pop() {
+                    s.lapsed[k] = false;
+                    self.drop_dead_heads(s, k);
+                    if s.holder[k].is_some() {
+                        continue;
+                    }
+                    let Some(&h) = s.queue[k].first() else {
+                        continue;
+                    };
+                    self.take(s, h, k);
+                    // its next key, in its caller's order: queued there (and served)
+                    if let Some(&next) = self.keys(h).iter().find(|&&j| s.holder[j] != Some(h)) {
+                        s.queue[next].push(h);
+                        todo.push(next);
+                    }
+                }
+            }
+            Rule::WhenAllFree => {}
+        }
+    }
+
+    /// Whether live waiter `w` could be granted now and is not: the rule's grant condition
+    /// holds (a poller's is its own to find).
+    fn grantable(&self, s: &St, w: u8) -> bool {
+        // (a key whose lease just ended waits for its watcher's look: that is the lease's cost)
+        if s.ph[w as usize] != Ph::Waiting || self.keys(w).iter().any(|&k| s.lapsed[k]) {
+            return false;
+        }
+        match self.cfg.rule {
+            Rule::AllAtOnce => self
+                .keys(w)
+                .iter()
+                .all(|&k| s.holder[k].is_none() && s.queue[k].first() == Some(&w)),
+            Rule::EachInTurn => {
+                (0..KEYS).any(|k| s.holder[k].is_none() && s.queue[k].first() == Some(&w))
+            }
+            Rule::WhenAllFree => false,
+        }
+    }
+
+    /// The keys `w` holds now.
+    fn held(&self, s: &St, w: u8) -> Vec<usize> {
+        (0..KEYS).filter(|&k| s.holder[k] == Some(w)).collect()
+    }
+
+    fn ended(s: &St) -> bool {
+        s.ph.iter()
+            .all(|p| matches!(p, Ph::Done | Ph::Left | Ph::Dead))
+    }
+}
+
+impl Model for Sets {
+    type State = St;
+    type Action = Act;
+
+    fn init_states(&self) -> Vec<St> {
+        let n = self.cfg.sets.len();
+        vec![St {
+            ph: vec![Ph::Idle; n],
+            holder: [None; KEYS],
+            queue: Default::default(),
+            seq: vec![0; n],
+            next_seq: 1,
+            deaths_left: self.cfg.deaths,
+            leaves_left: self.cfg.leaves,
+            unfair: false,
+            lapsed: [false; KEYS],
+        }]
+    }
+
+    fn actions(&self, s: &St, out: &mut Vec<Act>) {
+        for (w, p) in s.ph.iter().enumerate() {
+            let w = w as u8;
+            match p {
+                Ph::Idle => out.push(Act::Start(w)),
+                Ph::Waiting => {
+                    if self.cfg.rule == Rule::WhenAllFree
+                        && self.keys(w).iter().all(|&k| s.holder[k].is_none())
+                    {
+                        out.push(Act::Poll(w));
+                    }
+                    if s.leaves_left > 0 {
+                        out.push(Act::Leave(w));
+                    }
+                }
+                Ph::Holding => out.push(Act::Release(w)),
+                _ => {}
+            }
+            if matches!(p, Ph::Waiting | Ph::Holding) && s.deaths_left > 0 {
+                out.push(Act::Die(w));
+            }
+        }
+        for k in 0..KEYS {
+            if let Some(h) = s.holder[k] {
+                if s.ph[h as usize] == Ph::Dead {
+                    out.push(Act::Expire(k as u8));
+                }
+            } else if s.lapsed[k] {
+                out.push(Act::Look(k as u8));
+            }
+        }
+    }
+
+    fn next_state(&self, s: &St, a: Act) -> Option<St> {
+        let mut n = s.clone();
+        match a {
+            Act::Start(w) => {
+                n.ph[w as usize] = Ph::Waiting;
+                n.seq[w as usize] = n.next_seq;
+                n.next_seq += 1;
+                let keys = self.keys(w).to_vec();
+                match self.cfg.rule {
+                    Rule::AllAtOnce => {
+                        for &k in &keys {
+                            n.queue[k].push(w);
+                        }
+                        self.serve(&mut n, &keys);
+                    }
+                    Rule::EachInTurn => {
+                        n.queue[keys[0]].push(w);
+                        self.serve(&mut n, &keys[..1]);
+                    }
+                    Rule::WhenAllFree => {
+                        if keys.iter().all(|&k| n.holder[k].is_none()) {
+                            for &k in &keys {
+                                self.take(&mut n, w, k);
+                            }
+                        }
+                    }
+                }
+            }
+            Act::Poll(w) => {
+                for &k in self.cfg.sets[w as usize].clone().iter() {
+                    self.take(&mut n, w, k);
+                }
+            }
+            Act::Release(w) => {
+                n.ph[w as usize] = Ph::Done;
+                let keys = self.held(&n, w);
+                for &k in &keys {
+                    n.holder[k] = None;
+                }
+                self.serve(&mut n, &keys);
+            }
+            Act::Leave(w) => {
+                n.ph[w as usize] = Ph::Left;
+                n.leaves_left -= 1;
+                let mut keys = self.held(&n, w);
+                for &k in &keys {
+                    n.holder[k] = None;
+                }
+                for k in 0..KEYS {
+                    if n.queue[k].contains(&w) {
+                        n.queue[k].retain(|&x| x != w);
+                        keys.push(k);
+                    }
+                }
+                self.serve(&mut n, &keys);
+            }
+            Act::Die(w) => {
+                n.ph[w as usize] = Ph::Dead;
+                n.deaths_left -= 1;
+            }
+            Act::Expire(k) => {
+                n.holder[k as usize] = None;
+                n.lapsed[k as usize] = !n.queue[k as usize].is_empty();
+            }
+            Act::Look(k) => self.serve(&mut n, &[k as usize]),
+        }
+        Some(n)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::<Self>::always(
+                "(S1) one holder per key, a holder holds its whole set",
+                |m, s| {
+                    let ok = (0..s.ph.len() as u8).all(|w| {
+                        s.ph[w as usize] != Ph::Holding
+                            || m.keys(w).iter().all(|&k| s.holder[k] == Some(w))
+                    });
+                    m.latch(0, ok)
+                },
+            ),
+            Property::<Self>::always(
+                "(S2) no set granted while an older overlapping set waits",
+                |m, s| m.latch(1, !s.unfair),
+            ),
+            Property::<Self>::eventually("(S3) every waiter ends (no deadlock)", |_, s| {
+                Sets::ended(s)
+            }),
+            Property::<Self>::eventually(
+                "(S4) nothing left behind: every waiter ended, every key free, every queue empty",
+                |_, s| {
+                    Sets::ended(s)
+                        && s.holder.iter().all(|h| h.is_none())
+                        && s.queue.iter().all(|q| q.is_empty())
+                },
+            ),
+            Property::<Self>::always(
+                "(S5) no live set left waiting that the rule grants, after any call",
+                |m, s| {
+                    let ok = !(0..s.ph.len() as u8).any(|w| m.grantable(s, w));
+                    m.latch(2, ok)
+                },
+            ),
+            Property::<Self>::sometimes("canary: a set granted while another waits", |_, s| {
+                s.ph.contains(&Ph::Holding) && s.ph.contains(&Ph::Waiting)
+            }),
+            Property::<Self>::sometimes("canary: every set granted and released", |_, s| {
+                s.ph.iter().all(|p| *p == Ph::Done)
+            }),
+        ]
+    }
+}
