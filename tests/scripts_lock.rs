@@ -33,6 +33,18 @@ const M_LIVE_B: &str = "aaaaaaaaaaaa 20000 w2";
 const M_LIVE2: &str = "bbbbbbbbbbbb 30000 x1";
 const M_DEAD: &str = "dddddddddddd 20000 z1";
 
+/// A held lock with two waiters of two processes, both watching, and LIVE's record a second
+/// old: a queueing attempt of LIVE changes neither watcher.
+const YOUNG_RECORD: &[&str] = &[
+    "SET {L} qH PX 5000",
+    "SET {F} 100_q PX 60000",
+    "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+    "ZADD {Q} 2 eeeeeeeeeeee_30000_y1",
+    "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
+    "PEXPIRE {Q} 5000000",
+    "PEXPIRE {P} 5000000",
+];
+
 fn rows() -> Vec<Row> {
     use Check::*;
     vec![
@@ -1008,15 +1020,7 @@ fn rows() -> Vec<Row> {
         // old).
         Row {
             name: "commands: a queueing attempt, its record young, the watchers kept: 10, no HSET",
-            setup: &[
-                "SET {L} qH PX 5000",
-                "SET {F} 100_q PX 60000",
-                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
-                "ZADD {Q} 2 eeeeeeeeeeee_30000_y1",
-                "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
-                "PEXPIRE {Q} 5000000",
-                "PEXPIRE {P} 5000000",
-            ],
+            setup: YOUNG_RECORD,
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
@@ -1033,15 +1037,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "a record older than a quarter of the presence window is written again",
-            setup: &[
-                "SET {L} qH PX 5000",
-                "SET {F} 100_q PX 60000",
-                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
-                "ZADD {Q} 2 eeeeeeeeeeee_30000_y1",
-                "HSET {P} aaaaaaaaaaaa {young} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_eeeeeeeeeeee_30000_y1 !h cccccccccccc !e {far}",
-                "PEXPIRE {Q} 5000000",
-                "PEXPIRE {P} 5000000",
-            ],
+            setup: YOUNG_RECORD,
             script: scripts::ACQUIRE,
             call: Args {
                 member: M_LIVE,
