@@ -55,7 +55,11 @@
 //! waiter at the head of a free key's queue, blocked by another key of its set that a live
 //! holder keeps, holds back the sets behind it on the free key until a call finds it (that
 //! holder's release at the latest); a process that dies is noticed only by a call. (S5) does
-//! not count it (a dead head is not live), and (S3) holds because the holder releases.
+//! not count it (a dead head is not live), and (S3) holds because the holder releases. The
+//! design's answer, modelled here: a holder's keep-alive refresh serves its keys' queues
+//! (`Act::Refresh`), so it finds the departed head within one refresh interval, and (S5) then
+//! requires the sets it held back to be granted in that same call; (S6) a refresh leaves no
+//! departed waiter at the head of its keys' queues.
 
 use stateright::{Model, Property};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -84,6 +88,8 @@ pub struct Cfg {
     pub deaths: u8,
     /// Waiters that leave (a timeout or a cancellation).
     pub leaves: u8,
+    /// Holders' keep-alive refreshes in a run (each serves the holder's keys' queues).
+    pub refreshes: u8,
     /// A departed waiter dropped from the head of one queue gets the other queues it leaves
     /// served too (as implemented; false: only the queue it was found at, which (S5) breaks).
     pub drop_serves: bool,
@@ -97,6 +103,7 @@ impl Default for Cfg {
             sets: vec![vec![0, 1], vec![1, 0], vec![1, 2], vec![2, 0]],
             deaths: 1,
             leaves: 1,
+            refreshes: 1,
             drop_serves: true,
         }
     }
@@ -130,11 +137,16 @@ pub struct St {
     pub next_seq: u8,
     pub deaths_left: u8,
     pub leaves_left: u8,
+    pub refreshes_left: u8,
     /// Ghost: a grant broke FIFO (S2).
     pub unfair: bool,
     /// A dead holder's lease of the key ended with waiters queued, and no call has served it
     /// since: a watcher looks (the only step a lease's end offers).
     pub lapsed: [bool; KEYS],
+    /// Ghost: a refresh granted a set (the canary of the departed head a refresh finds).
+    pub refresh_granted: bool,
+    /// Ghost: a refresh left a departed waiter at the head of one of its keys' queues (S6).
+    pub refresh_missed: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,6 +157,9 @@ pub enum Act {
     Poll(u8),
     Release(u8),
     Leave(u8),
+    /// A holder's keep-alive refresh: it also serves its keys' queues (it finds a departed
+    /// waiter at their heads, and drops it).
+    Refresh(u8),
     Die(u8),
     /// A dead holder's lease of this key ends (Redis deletes the key).
     Expire(u8),
@@ -157,7 +172,7 @@ pub struct Sets {
     pub cfg: Cfg,
     /// Report only the first violation of each property (the shortest traces with BFS).
     pub first_only: bool,
-    latched: [AtomicBool; 3],
+    latched: [AtomicBool; 4],
 }
 
 impl Sets {
@@ -322,8 +337,11 @@ impl Model for Sets {
             next_seq: 1,
             deaths_left: self.cfg.deaths,
             leaves_left: self.cfg.leaves,
+            refreshes_left: self.cfg.refreshes,
             unfair: false,
             lapsed: [false; KEYS],
+            refresh_granted: false,
+            refresh_missed: false,
         }]
     }
 
@@ -342,7 +360,12 @@ impl Model for Sets {
                         out.push(Act::Leave(w));
                     }
                 }
-                Ph::Holding => out.push(Act::Release(w)),
+                Ph::Holding => {
+                    out.push(Act::Release(w));
+                    if s.refreshes_left > 0 {
+                        out.push(Act::Refresh(w));
+                    }
+                }
                 _ => {}
             }
             if matches!(p, Ph::Waiting | Ph::Holding) && s.deaths_left > 0 {
@@ -416,6 +439,22 @@ impl Model for Sets {
                 }
                 self.serve(&mut n, &keys);
             }
+            Act::Refresh(w) => {
+                n.refreshes_left -= 1;
+                let keys = self.held(&n, w);
+                let before = n.ph.iter().filter(|p| **p == Ph::Holding).count();
+                self.serve(&mut n, &keys);
+                if n.ph.iter().filter(|p| **p == Ph::Holding).count() > before {
+                    n.refresh_granted = true;
+                }
+                if keys.iter().any(|&k| {
+                    n.queue[k]
+                        .first()
+                        .is_some_and(|&h| n.ph[h as usize] == Ph::Dead)
+                }) {
+                    n.refresh_missed = true;
+                }
+            }
             Act::Die(w) => {
                 n.ph[w as usize] = Ph::Dead;
                 n.deaths_left -= 1;
@@ -466,6 +505,14 @@ impl Model for Sets {
             Property::<Self>::sometimes("canary: a set granted while another waits", |_, s| {
                 s.ph.contains(&Ph::Holding) && s.ph.contains(&Ph::Waiting)
             }),
+            Property::<Self>::always(
+                "(S6) a refresh leaves no departed waiter at the head of its keys' queues",
+                |m, s| m.latch(3, !s.refresh_missed),
+            ),
+            Property::<Self>::sometimes(
+                "canary: a refresh drops a departed head and grants a set behind it",
+                |_, s| s.refresh_granted,
+            ),
             Property::<Self>::sometimes("canary: every set granted and released", |_, s| {
                 s.ph.iter().all(|p| *p == Ph::Done)
             }),
