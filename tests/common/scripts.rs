@@ -110,6 +110,9 @@ pub struct Row {
     pub checks: &'static [Check],
 }
 
+/// How old the setups' `{young}` record is, ms.
+const YOUNG_AGE_MS: u64 = 1_000;
+
 fn words(kind: &Kind, cmd: &str, now_ms: u64) -> Vec<String> {
     cmd.replace("{L}", kind.main)
         .replace("{F}", kind.state)
@@ -118,7 +121,7 @@ fn words(kind: &Kind, cmd: &str, now_ms: u64) -> Vec<String> {
         .replace("{X}", kind.fences.unwrap_or("{X}"))
         .replace("{now}", &now_ms.to_string())
         .replace("{old}", &(now_ms - 10_000).to_string())
-        .replace("{young}", &(now_ms - 1_000).to_string())
+        .replace("{young}", &(now_ms - YOUNG_AGE_MS).to_string())
         .replace("{soon}", &(now_ms + 5_000).to_string())
         .replace("{future}", &(now_ms + 600_000).to_string())
         .replace("{far}", &(now_ms + 5_000_000).to_string())
@@ -344,7 +347,7 @@ async fn check_one(
                 }
                 Some("{young}") => assert_eq!(
                     v,
-                    Some((now_ms - 1_000).to_string()),
+                    Some((now_ms - YOUNG_AGE_MS).to_string()),
                     "{}: process {field} written again",
                     row.name
                 ),

@@ -170,14 +170,19 @@ local function queue()
   -- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
   -- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
   -- With a record due (see `seen`), the same HMGET reads it too (`due_rec`); and the records
-  -- of `pids` (a grant's first heads), returned as a table pid -> record (false: none) for
-  -- `know`.
+  -- of `pids` (a grant's first heads, each once), returned as a table pid -> record (false:
+  -- none) for `know`.
   local due, due_rec = nil, nil
   local function read_fields(pids)
-    local fields = {'!w1', '!w2', '!h', '!e'}
+    local fields, asked = {'!w1', '!w2', '!h', '!e'}, {}
     if due then fields[5] = due end
     local at = #fields
-    for _, pid in ipairs(pids or {}) do fields[#fields + 1] = pid end
+    for _, pid in ipairs(pids or {}) do
+      if not asked[pid] then
+        asked[pid] = true
+        fields[#fields + 1] = pid
+      end
+    end
     local r = redis.call('HMGET', pkey, unpack(fields))
     if due then due_rec = r[5] or false end
     local recs = {}
@@ -236,12 +241,12 @@ local function queue()
   local function flush(writes, fresh)
     local pid, now_ms = due, nil
     due = nil
-    if pid and due_rec then
-      local age = math.floor(now_us() / 1000) - (tonumber(due_rec) or -1e15)
-      if age >= 0 and age < YOUNG then pid = nil end
-    end
     if pid then
       now_ms = math.floor(now_us() / 1000)
+      local age = due_rec and now_ms - (tonumber(due_rec) or -1e15)
+      if age and age >= 0 and age < YOUNG then pid = nil end
+    end
+    if pid then
       writes[#writes + 1] = pid
       writes[#writes + 1] = now_ms
     end
