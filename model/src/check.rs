@@ -1,10 +1,12 @@
 //! The two checks both keys' tests run (`tests/exhaustive.rs`, `tests/permits.rs`), written
 //! once: an exhaustive run that must be complete and violate exactly what is expected, and the
-//! shortest counterexample of one property, printed in words.
+//! shortest counterexample of one property, printed in words; and the search under that, for
+//! any model (`until_found`: the sets' and the observers' tests too).
 
 use crate::system::{Act, Key, System};
 use stateright::{Checker, HasDiscoveries, Model};
 use std::collections::BTreeSet;
+use std::hash::Hash;
 use std::time::Instant;
 
 /// One exhaustive run: every reachable state, DFS + symmetry on `threads` threads. Asserts the
@@ -71,11 +73,7 @@ pub fn exhaustive<K: Key>(
 pub fn shortest<K: Key>(name: &str, mut model: System<K>, property: &'static str) -> Vec<Act> {
     let t = Instant::now();
     model.first_only = true;
-    let c = model
-        .checker()
-        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
-        .spawn_bfs()
-        .join();
+    let c = until_found(model, property);
     let path = c
         .discovery(property)
         .unwrap_or_else(|| panic!("{name}: no counterexample to {property}"));
@@ -90,4 +88,21 @@ pub fn shortest<K: Key>(name: &str, mut model: System<K>, property: &'static str
     c.model().unlatch();
     c.assert_discovery(property, actions.clone());
     actions
+}
+
+/// A 1-thread BFS of `model` in depth order until `property` has a counterexample (the run
+/// ends there, or when the states run out): with properties that report only their first
+/// violation, its discovery is a shortest one.
+pub fn until_found<M>(model: M, property: &'static str) -> impl Checker<M>
+where
+    M: Model + Send + Sync + 'static,
+    M::State: Clone + std::fmt::Debug + Eq + Hash + Send + Sync + 'static,
+    M::Action: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static,
+{
+    model
+        .checker()
+        .threads(1)
+        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
+        .spawn_bfs()
+        .join()
 }

@@ -200,13 +200,11 @@ impl Sets {
     /// that still wait.
     fn take(&self, s: &mut St, w: u8, k: usize) {
         s.holder[k] = Some(w);
-        for q in s.queue.iter_mut() {
-            if self.cfg.rule == Rule::AllAtOnce {
+        // (a set leaves every queue at once; one key's turn leaves that key's; a poller has none)
+        for (j, q) in s.queue.iter_mut().enumerate() {
+            if self.cfg.rule == Rule::AllAtOnce || j == k {
                 q.retain(|&x| x != w);
             }
-        }
-        if self.cfg.rule == Rule::EachInTurn {
-            s.queue[k].retain(|&x| x != w);
         }
         if self.keys(w).iter().all(|&j| s.holder[j] == Some(w)) {
             s.ph[w as usize] = Ph::Holding;

@@ -1,8 +1,9 @@
 //! The election's observers (`waitlock_model::election`): exhaustive with every property
 //! holding, and each bug switch's shortest counterexample to convergence (O2).
 
-use stateright::{Checker, HasDiscoveries, Model};
+use stateright::{Checker, Model};
 use std::time::Instant;
+use waitlock_model::check::until_found;
 use waitlock_model::election::{Bug, Cfg, Observers};
 
 const O1: &str = "(O1) shown terms never go back";
@@ -30,12 +31,7 @@ fn shortest(bug: Bug, property: &'static str) -> usize {
         ..Cfg::default()
     });
     model.first_only = true;
-    let c = model
-        .checker()
-        .threads(1)
-        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
-        .spawn_bfs()
-        .join();
+    let c = until_found(model, property);
     let path = c
         .discovery(property)
         .unwrap_or_else(|| panic!("{bug:?}: no counterexample to {property}"));

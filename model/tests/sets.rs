@@ -1,8 +1,9 @@
 //! Several keys at once (`waitlock_model::sets`, issue 32): the rule to build holds every
 //! property with a death and a leave; each naive rule's shortest counterexample.
 
-use stateright::{Checker, HasDiscoveries, Model};
+use stateright::{Checker, Model};
 use std::time::Instant;
+use waitlock_model::check::until_found;
 use waitlock_model::sets::{Cfg, Rule, Sets};
 
 const S1: &str = "(S1) one holder per key, a holder holds its whole set";
@@ -126,12 +127,7 @@ fn shortest_with(cfg: Cfg, property: &'static str) -> usize {
     let mut model = Sets::new(cfg);
     model.first_only = true;
     let t = Instant::now();
-    let c = model
-        .checker()
-        .threads(1)
-        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
-        .spawn_bfs()
-        .join();
+    let c = until_found(model, property);
     let path = c
         .discovery(property)
         .unwrap_or_else(|| panic!("{rule:?}: no counterexample to {property}"));
