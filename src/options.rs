@@ -65,6 +65,7 @@ pub struct LockOptions {
     refresh: Refresh,
     token: Option<String>,
     backoff: Backoff,
+    ordered_sets: bool,
 }
 
 /// When a held lock is refreshed, in `run` or after `LockGuard::keep_alive`.
@@ -100,6 +101,7 @@ impl std::fmt::Debug for LockOptions {
                 &self.token.as_ref().map(|t| format!("<{} bytes>", t.len())),
             )
             .field("backoff", &self.backoff)
+            .field("ordered_sets", &self.ordered_sets)
             .finish()
     }
 }
@@ -112,6 +114,7 @@ impl Default for LockOptions {
             refresh: Refresh::Every(0.8),
             token: None,
             backoff: Backoff::default(),
+            ordered_sets: false,
         }
     }
 }
@@ -182,6 +185,27 @@ impl LockOptions {
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
+    }
+
+    /// Lets [`Locker::acquire_many`](crate::Locker::acquire_many), `acquire_many_wait` and
+    /// `run_many` take a set of keys **in order**: one key after another, sorted by hash slot
+    /// and then by key, each held (and refreshed) while the next is waited for, under one
+    /// shared deadline. Every caller sorts the same way, so two sets that overlap cannot
+    /// deadlock; but a waiter holds the keys before the one it waits for, and FIFO holds per
+    /// key only (a set may be passed by a later one that does not need the key it waits for).
+    /// See `docs/design.md`, "Several keys at once". Off by default: without it, those calls
+    /// refuse the set ([`Error::InvalidOptions`](crate::Error::InvalidOptions), field
+    /// `ordered_sets`), since the atomic path (a set in one hash slot taken in one script, its
+    /// waiter holding nothing while it waits) is not built yet.
+    #[must_use]
+    pub fn with_ordered_sets(mut self) -> Self {
+        self.ordered_sets = true;
+        self
+    }
+
+    /// Whether a set of keys may be taken in order ([`with_ordered_sets`](Self::with_ordered_sets)).
+    pub fn ordered_sets(&self) -> bool {
+        self.ordered_sets
     }
 
     /// The TTL.

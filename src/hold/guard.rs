@@ -289,7 +289,15 @@ impl LockGuard {
         if let Some(t) = &self.task {
             return t.lost.clone();
         }
-        let lost = CancellationToken::new();
+        self.keep_alive_with(CancellationToken::new())
+    }
+
+    /// As [`keep_alive`](Self::keep_alive), with `lost` as the loss token (a set's guards
+    /// share one: any key lost cancels it). A guard already kept alive keeps its own.
+    pub(crate) fn keep_alive_with(&mut self, lost: CancellationToken) -> CancellationToken {
+        if let Some(t) = &self.task {
+            return t.lost.clone();
+        }
         let id = if self.loss().is_some() {
             lost.cancel();
             None

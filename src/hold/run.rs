@@ -80,7 +80,7 @@ where
 }
 
 /// Catches a panic while polling the inner future, so the lock is released before it resumes.
-struct CatchUnwind<F>(Pin<Box<F>>);
+pub(crate) struct CatchUnwind<F>(pub(crate) Pin<Box<F>>);
 
 impl<F: Future> Future for CatchUnwind<F> {
     type Output = std::thread::Result<F::Output>;

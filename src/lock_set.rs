@@ -1,0 +1,447 @@
+//! Several keys at once: `acquire_many`, `acquire_many_wait` and `run_many` on both lockers.
+//!
+//! **Ordered acquisition** (the one path built so far, taken only when the caller opts in with
+//! [`LockOptions::with_ordered_sets`]): the keys, made a set (duplicates merged), are sorted by
+//! hash slot and then by key, and taken one after another with the single-key lock, each kept
+//! alive from the moment it is taken, under one deadline. Every caller sorts the same way, so
+//! a waiter only ever waits for a key greater than every key it holds: no cycle of waiters,
+//! no deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
+//! set through). Anything that ends the call early (its deadline, an error, a dropped future)
+//! releases every key taken. The keys share one loss token: any key lost cancels it.
+//!
+//! What it does not give (the atomic path, not built, would): a waiter holds the keys before
+//! the one it waits for, and FIFO holds per key, not per set.
+
+use crate::error::{Error, LossReason, Result};
+use crate::hold::guard::LockGuard;
+use crate::hold::lease::Lease;
+use crate::hold::run::CatchUnwind;
+use crate::locker::Locker;
+use crate::options::LockOptions;
+use crate::strategy::Strategy;
+use std::future::Future;
+use std::panic::resume_unwind;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The most keys one set may have. Each key is its own call (a few hundred microseconds
+/// each on a local server), so a set this large takes seconds; above it the set is refused
+/// ([`Error::InvalidOptions`], field `keys`).
+pub const MAX_SET_KEYS: usize = 10_000;
+
+/// A set of held locks, taken together by
+/// [`Locker::acquire_many`] or [`Locker::acquire_many_wait`]: one loss token for the whole
+/// set, one release, a fence per key. Each key's lock is refreshed in the background from the
+/// moment it was taken (the locker's refresher batches them). Dropping it releases every key
+/// in the background.
+#[must_use = "dropping the set releases its locks at once"]
+pub struct LockSetGuard {
+    /// In the order taken (hash slot, then key).
+    guards: Vec<LockGuard>,
+    lost: CancellationToken,
+}
+
+impl std::fmt::Debug for LockSetGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockSetGuard")
+            .field(
+                "keys",
+                &self.guards.iter().map(LockGuard::key).collect::<Vec<_>>(),
+            )
+            .field("lost", &self.loss())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockSetGuard {
+    /// The keys, in the order they were taken (by hash slot, then by key).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.guards.iter().map(LockGuard::key)
+    }
+
+    /// Each key's guard, in the order taken.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The fencing token of `key` in this set (see [`LockGuard::fence`]), or `None` when the
+    /// set does not hold `key`.
+    pub fn fence(&self, key: &str) -> Option<u64> {
+        self.guards
+            .iter()
+            .find(|g| g.key() == key)
+            .map(LockGuard::fence)
+    }
+
+    /// The earliest of the keys' [`LockGuard::valid_until`]: the last instant this holder may
+    /// assume no one else holds any of them.
+    pub fn valid_until(&self) -> Instant {
+        earliest(self.guards.iter().map(LockGuard::valid_until))
+    }
+
+    /// The first key judged lost, and why, if any was.
+    pub fn loss(&self) -> Option<(&str, LossReason)> {
+        self.guards
+            .iter()
+            .find_map(|g| g.loss().map(|reason| (g.key(), reason)))
+    }
+
+    /// The set's loss token: cancelled the moment any of its keys is judged lost (as
+    /// [`LockGuard::keep_alive`]'s token is for one key). The keys are kept alive already.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Sets every key's remaining TTL to `ttl` ([`LockGuard::extend`]), one key after
+    /// another in the order taken; stops at the first that fails.
+    ///
+    /// Errors: [`Error::NotHeld`] naming the first key no longer held (it is marked lost and
+    /// the set's token is cancelled), [`Error::InvalidOptions`], or a Redis error.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: as [`LockGuard::extend`] for each key; a dropped call leaves each key's
+    /// TTL either set or as it was.
+    pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        for guard in &mut self.guards {
+            guard.extend(ttl).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases every key (all at once, each as [`LockGuard::release`] does).
+    ///
+    /// Errors: the first error in key order: [`Error::NotHeld`] for a key no longer held, or
+    /// a Redis error (that key's release goes on in the background); the other keys are
+    /// released either way.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call releases the keys not yet released in the background.
+    pub async fn release(self) -> Result<()> {
+        first_error(release_all(self.guards, false).await)
+    }
+
+    /// Ends a critical section over the set: releases every key and says whether each was
+    /// held throughout ([`LockGuard::release_after_section`]). Errors: [`Error::Expired`]
+    /// naming the first key that was, or may have been, lost; otherwise the first Redis error.
+    ///
+    /// # Cancel safety
+    /// As [`release`](Self::release).
+    pub async fn release_after_section(self) -> Result<()> {
+        let mut ended = release_all(self.guards, true).await;
+        if let Some(i) = ended
+            .iter()
+            .position(|r| matches!(r, Err(Error::Expired { .. })))
+        {
+            return ended.swap_remove(i);
+        }
+        first_error(ended)
+    }
+
+    /// The keys' guards, in the order taken, to hold or release one by one. They keep sharing
+    /// the set's loss token.
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+}
+
+/// What a critical section over a set gets ([`Locker::run_many`]).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct LockSetContext {
+    /// Cancelled the moment any key of the set is judged lost; stop touching the protected
+    /// resources then.
+    pub lost: CancellationToken,
+    /// Each key with its fencing token, in the order taken (hash slot, then key).
+    pub fences: Vec<(String, u64)>,
+    leases: Vec<Arc<Lease>>,
+}
+
+impl LockSetContext {
+    /// The fencing token of `key`, or `None` when the set does not hold it.
+    pub fn fence(&self, key: &str) -> Option<u64> {
+        self.fences.iter().find(|(k, _)| k == key).map(|(_, f)| *f)
+    }
+
+    /// The earliest validity deadline of the set's keys, as of their latest refreshes (see
+    /// [`LockContext::valid_until`](crate::LockContext::valid_until)).
+    pub fn valid_until(&self) -> Instant {
+        earliest(self.leases.iter().map(|l| l.lock().valid_until))
+    }
+}
+
+impl std::fmt::Debug for LockSetContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockSetContext")
+            .field("fences", &self.fences)
+            .field("lost", &self.lost.is_cancelled())
+            .field("valid_until", &self.valid_until())
+            .finish()
+    }
+}
+
+impl<S: Strategy> Locker<S> {
+    /// One attempt at each key of `keys`, in order (see
+    /// [`LockOptions::with_ordered_sets`]): all of them held, or none.
+    ///
+    /// Errors: [`Error::InvalidOptions`] (nothing sent) when `opts` has not opted in to
+    /// ordered sets (field `ordered_sets`; the value names the keys' hash slots), `keys` is
+    /// empty or has more than [`MAX_SET_KEYS`] keys (field `keys`); [`Error::InvalidKey`] for
+    /// a bad key; [`Error::Locked`] for the first key found held (the keys taken before it
+    /// are released before this returns); [`Error::Expired`] when a key taken was lost
+    /// before the last was taken; otherwise as [`acquire`](Self::acquire) for the key that
+    /// failed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped future releases the keys it had taken in the background.
+    pub async fn acquire_many<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+    ) -> Result<LockSetGuard> {
+        let keys = self.set_order(keys, opts)?;
+        self.take_in_order(&keys, opts, false).await
+    }
+
+    /// Takes every key of `keys`, in order (see [`LockOptions::with_ordered_sets`]),
+    /// waiting up to `opts.wait` for all of them: one deadline for the whole set. Each key is
+    /// waited for as [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in
+    /// that key's FIFO queue), holding the keys before it. If a key already taken is lost
+    /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
+    /// released and the set is taken again from the first, within the same deadline.
+    ///
+    /// Errors: [`Error::WaitTimeout`] at the deadline (naming the key it was waiting for,
+    /// `waited` the whole set's wait; the keys taken are released before it returns);
+    /// [`Error::Locked`] when `wait` is zero; otherwise as
+    /// [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped future releases the keys it had taken in the background, and
+    /// the key it was waiting for leaves no lock, queue entry or task behind (as
+    /// [`acquire_wait`](Self::acquire_wait)).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example(locker: waitlock::Locker) -> waitlock::Result<()> {
+    /// use std::time::Duration;
+    /// let opts = waitlock::LockOptions::new()
+    ///     .with_wait(Duration::from_secs(2))
+    ///     .with_ordered_sets();
+    /// let set = locker.acquire_many_wait(&["stock:paris", "stock:lyon"], &opts).await?;
+    /// let (paris, lyon) = (set.fence("stock:paris"), set.fence("stock:lyon"));
+    /// // ... move stock, passing each store its own fence ...
+    /// # let _ = (paris, lyon);
+    /// set.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[tracing::instrument(name = "acquire_many", level = "debug", skip_all, fields(keys = keys.len()))]
+    pub async fn acquire_many_wait<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+    ) -> Result<LockSetGuard> {
+        let keys = self.set_order(keys, opts)?;
+        self.take_in_order(&keys, opts, !opts.wait().is_zero())
+            .await
+    }
+
+    /// Runs `f` under the locks on every key of `keys`: takes them as
+    /// [`acquire_many_wait`](Self::acquire_many_wait) does, refreshes them while `f` runs,
+    /// releases them afterwards and returns `f`'s value. As [`run`](Self::run) for one key:
+    /// [`Error::Expired`] (naming the first key lost) when any key was, or may have been,
+    /// lost while `f` ran, whatever `f` returned; a panic in `f` releases the set, then
+    /// resumes.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future stops the refreshes and releases every key in the
+    /// background.
+    pub async fn run_many<K, F, Fut, T, E>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        K: AsRef<str>,
+        F: FnOnce(LockSetContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let set = self.acquire_many_wait(keys, opts).await?;
+        let ctx = LockSetContext {
+            lost: set.lost(),
+            fences: set
+                .guards
+                .iter()
+                .map(|g| (g.key().to_owned(), g.fence()))
+                .collect(),
+            leases: set.guards.iter().map(LockGuard::lease).collect(),
+        };
+        // If this future is dropped here, the guards' drops release them.
+        let outcome = CatchUnwind(Box::pin(f(ctx))).await;
+        let ended = set.release_after_section().await;
+        let value = match outcome {
+            Ok(value) => value,
+            Err(panic) => resume_unwind(panic),
+        };
+        match ended {
+            Ok(()) => value,
+            Err(e @ Error::Expired { .. }) => Err(e.into()),
+            Err(e) => {
+                // `f` finished while every lock was valid; failing to release only delays
+                // the next holders until the TTL.
+                tracing::warn!(error = %e, "release after critical section failed");
+                value
+            }
+        }
+    }
+
+    /// The set's keys, checked (nothing sent), without duplicates, in the order every caller
+    /// takes them: by hash slot, then by key.
+    fn set_order<K: AsRef<str>>(&self, keys: &[K], opts: &LockOptions) -> Result<Vec<String>> {
+        let first = keys.first().map_or("", |k| k.as_ref());
+        if keys.is_empty() {
+            return Err(Error::invalid_option(
+                first,
+                "keys",
+                "[]",
+                "a set needs at least one key",
+            ));
+        }
+        if keys.len() > MAX_SET_KEYS {
+            return Err(Error::invalid_option(
+                first,
+                "keys",
+                format!("{} keys", keys.len()),
+                "a set has at most MAX_SET_KEYS (10,000) keys",
+            ));
+        }
+        let mut order = Vec::with_capacity(keys.len());
+        for key in keys {
+            let names = self.engine.names(key.as_ref())?;
+            order.push((fred::util::redis_keyslot(names.lock.as_bytes()), names.key));
+        }
+        order.sort_unstable();
+        order.dedup();
+        if !opts.ordered_sets() {
+            let mut slots: Vec<u16> = order.iter().map(|(slot, _)| *slot).collect();
+            slots.dedup();
+            let shown: Vec<String> = slots.iter().take(8).map(u16::to_string).collect();
+            let more = if slots.len() > 8 { ", ..." } else { "" };
+            return Err(Error::invalid_option(
+                &order[0].1,
+                "ordered_sets",
+                format!("off (keys in hash slots {}{more})", shown.join(", ")),
+                "a set of keys is taken only in order for now (each key held while the next \
+                 is waited for); opt in with LockOptions::with_ordered_sets",
+            ));
+        }
+        Ok(order.into_iter().map(|(_, key)| key).collect())
+    }
+
+    /// Takes `keys` one after another (one attempt each, or waiting until `opts`' deadline),
+    /// each kept alive with the set's shared loss token from the moment it is taken.
+    async fn take_in_order(
+        &self,
+        keys: &[String],
+        opts: &LockOptions,
+        wait: bool,
+    ) -> Result<LockSetGuard> {
+        let start = Instant::now();
+        let deadline = start + opts.wait();
+        'set: loop {
+            let lost = CancellationToken::new();
+            let mut guards: Vec<LockGuard> = Vec::with_capacity(keys.len());
+            for key in keys {
+                let taken = if wait {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        release_all(guards, false).await;
+                        return Err(Error::WaitTimeout {
+                            key: key.clone(),
+                            waited: start.elapsed(),
+                            attempts: 0,
+                        });
+                    }
+                    let opts = opts.clone().with_wait(left);
+                    tokio::select! {
+                        biased;
+                        _ = lost.cancelled() => {
+                            release_all(guards, false).await;
+                            continue 'set;
+                        }
+                        taken = self.acquire_wait(key, &opts) => taken,
+                    }
+                } else {
+                    self.acquire(key, opts).await
+                };
+                match taken {
+                    Ok(mut guard) => {
+                        guard.keep_alive_with(lost.clone());
+                        guards.push(guard);
+                    }
+                    Err(e) => {
+                        release_all(guards, false).await;
+                        return Err(match e {
+                            Error::WaitTimeout { key, attempts, .. } => Error::WaitTimeout {
+                                key,
+                                waited: start.elapsed(),
+                                attempts,
+                            },
+                            e => e,
+                        });
+                    }
+                }
+            }
+            if lost.is_cancelled() {
+                let (key, reason) = guards
+                    .iter()
+                    .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
+                    .unwrap_or_else(|| (keys[0].clone(), LossReason::TokenGone));
+                release_all(guards, false).await;
+                if wait {
+                    continue 'set;
+                }
+                return Err(Error::Expired { key, reason });
+            }
+            return Ok(LockSetGuard { guards, lost });
+        }
+    }
+}
+
+/// Releases `guards` all at once (after a section: with `release_after_section`); each
+/// outcome in `guards`' order. A dropped call leaves each guard not yet released to its drop
+/// (a background release).
+async fn release_all(guards: Vec<LockGuard>, after_section: bool) -> Vec<Result<()>> {
+    let count = guards.len();
+    let mut calls = tokio::task::JoinSet::new();
+    for (i, guard) in guards.into_iter().enumerate() {
+        calls.spawn(async move {
+            let ended = if after_section {
+                guard.release_after_section().await
+            } else {
+                guard.release().await
+            };
+            (i, ended)
+        });
+    }
+    let mut outcomes: Vec<Result<()>> = (0..count).map(|_| Ok(())).collect();
+    while let Some(joined) = calls.join_next().await {
+        match joined {
+            Ok((i, ended)) => outcomes[i] = ended,
+            // A panic inside a release (a bug): the guard's drop released it in the background.
+            Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+            Err(_) => {}
+        }
+    }
+    outcomes
+}
+
+fn first_error(outcomes: Vec<Result<()>>) -> Result<()> {
+    outcomes.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+}
+
+fn earliest(instants: impl Iterator<Item = Instant>) -> Instant {
+    instants.min().unwrap_or_else(Instant::now)
+}

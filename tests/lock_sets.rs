@@ -1,0 +1,357 @@
+//! Several keys at once (`acquire_many`, `acquire_many_wait`, `run_many`), ordered
+//! acquisition, on both strategies, against a real private redis-server.
+
+mod common;
+
+use common::{lock_key, tight, RedisServer, Seeded};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use waitlock::strategy::Strategy;
+use waitlock::{Error, LockOptions, Locker};
+
+fn set_opts() -> LockOptions {
+    tight().with_ordered_sets()
+}
+
+/// Nothing of `keys` is held or queued once `locker`'s background work is done.
+async fn nothing_left<S: Strategy>(locker: &Locker<S>, keys: &[&str]) {
+    locker.idle().await;
+    for key in keys {
+        let status = locker.status(key).await.expect("status");
+        assert!(!status.held, "{key} is still held: {status:?}");
+        assert_eq!(status.queued, 0, "{key} still has waiters: {status:?}");
+    }
+}
+
+/// Who holds each key, as the workers see it: a flag and the last fence.
+#[derive(Default)]
+struct Book(Mutex<HashMap<String, (bool, u64)>>);
+
+impl Book {
+    fn enter(&self, set: &waitlock::LockSetGuard) {
+        let mut book = self.0.lock().unwrap();
+        for guard in set.guards() {
+            let entry = book.entry(guard.key().to_owned()).or_default();
+            assert!(!entry.0, "two valid holders of {}", guard.key());
+            assert!(
+                guard.fence() > entry.1,
+                "{}: fence {} after {}",
+                guard.key(),
+                guard.fence(),
+                entry.1
+            );
+            *entry = (true, guard.fence());
+        }
+    }
+
+    fn leave(&self, set: &waitlock::LockSetGuard) {
+        let mut book = self.0.lock().unwrap();
+        for key in set.keys() {
+            book.get_mut(key).expect("entered").0 = false;
+        }
+    }
+}
+
+/// 64 workers over 4 lockers (4 processes' worth: each its own connection and, for queued
+/// lockers, its own subscriber and process id) take random sets of 2-4 of 8 keys, in any
+/// order the caller likes (A,B against B,A included): every acquisition completes well
+/// before its deadline (no deadlock), no key ever has two holders, each key's fences grow.
+async fn overlapping_sets_never_deadlock<S>(lockers: Vec<Locker<S>>)
+where
+    S: Strategy + Clone + Send + Sync + 'static,
+{
+    const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+    let book = Arc::new(Book::default());
+    let opts = set_opts()
+        .with_wait(Duration::from_secs(120))
+        .with_ttl(Duration::from_secs(10));
+    let mut tasks = Vec::new();
+    for w in 0..64u64 {
+        let locker = lockers[w as usize % lockers.len()].clone();
+        let (book, opts) = (book.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Seeded::new(0x9e37_79b9_7f4a_7c15 ^ (w + 1));
+            for _ in 0..6 {
+                let size = 2 + rng.below(Duration::from_nanos(3)).as_nanos() as usize;
+                let mut keys: Vec<&str> = Vec::new();
+                while keys.len() < size {
+                    let k = KEYS[rng.below(Duration::from_nanos(8)).as_nanos() as usize];
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+                let set = locker
+                    .acquire_many_wait(&keys, &opts)
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {w}, set {keys:?}: {e}"));
+                book.enter(&set);
+                assert!(set.loss().is_none());
+                tokio::time::sleep(Duration::from_micros(500)).await;
+                book.leave(&set);
+                set.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    nothing_left(&lockers[0], &KEYS).await;
+}
+
+/// A set whose middle key is held: the call waits for it holding the first, and a timeout
+/// releases that first key before it returns, and leaves no waiter queued.
+async fn a_timeout_leaves_nothing_held_or_queued<S: Strategy>(locker: Locker<S>, other: Locker) {
+    let blocker = other
+        .acquire("t-b", &LockOptions::new())
+        .await
+        .expect("hold t-b");
+    let opts = set_opts().with_wait(Duration::from_millis(300));
+    let started = Instant::now();
+    match locker
+        .acquire_many_wait(&["t-c", "t-b", "t-a"], &opts)
+        .await
+    {
+        Err(Error::WaitTimeout { key, waited, .. }) => {
+            assert_eq!(key, "t-b");
+            assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        }
+        other => panic!("expected a wait timeout on t-b, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // Released before the call returned, not later.
+    assert!(!locker.status("t-a").await.expect("status").held);
+    nothing_left(&locker, &["t-a", "t-c"]).await;
+    assert_eq!(locker.status("t-b").await.expect("status").queued, 0);
+    blocker.release().await.expect("release");
+    // One attempt each: Locked names the held key, and the key taken before it is free.
+    let blocker = other
+        .acquire("t-b", &LockOptions::new())
+        .await
+        .expect("hold t-b");
+    match locker.acquire_many(&["t-a", "t-b"], &set_opts()).await {
+        Err(Error::Locked { key, .. }) => assert_eq!(key, "t-b"),
+        other => panic!("expected Locked on t-b, got {other:?}"),
+    }
+    assert!(!locker.status("t-a").await.expect("status").held);
+    blocker.release().await.expect("release");
+    nothing_left(&locker, &["t-a", "t-b", "t-c"]).await;
+}
+
+/// A set dropped at a random instant of its wait (before, while, or after it takes the first
+/// key, while it waits for the held one) leaves nothing held or queued; then it is taken.
+async fn a_cancellation_at_any_await_leaves_nothing<S: Strategy>(locker: Locker<S>, other: Locker) {
+    let keys = ["c-a", "c-b", "c-c"];
+    let mut rng = Seeded::new(0x51_7cc1_b727_220a);
+    let opts = set_opts().with_wait(Duration::from_secs(30));
+    for _ in 0..40 {
+        let blocker = other
+            .acquire("c-b", &LockOptions::new())
+            .await
+            .expect("hold c-b");
+        let after = rng.below(Duration::from_millis(15));
+        let dropped = tokio::time::timeout(after, locker.acquire_many_wait(&keys, &opts)).await;
+        assert!(dropped.is_err(), "c-b is held: the set cannot be taken");
+        blocker.release().await.expect("release");
+        nothing_left(&locker, &keys).await;
+    }
+    let set = locker
+        .acquire_many_wait(&keys, &opts)
+        .await
+        .expect("the set, once free");
+    assert_eq!(set.keys().collect::<Vec<_>>().len(), 3);
+    set.release().await.expect("release");
+    nothing_left(&locker, &keys).await;
+}
+
+/// A set one of whose keys a crashed process holds (its lock left to its TTL) is granted when
+/// that lease ends, and holds the key before it meanwhile.
+async fn a_crashed_holders_key_is_granted_when_its_lease_ends<S: Strategy>(
+    locker: Locker<S>,
+    other: Locker,
+) {
+    other
+        .try_lock("x-b", "crashed", Duration::from_millis(400))
+        .await
+        .expect("the crashed holder's lock");
+    let started = Instant::now();
+    let set = locker
+        .acquire_many_wait(
+            &["x-a", "x-b"],
+            &set_opts().with_wait(Duration::from_secs(30)),
+        )
+        .await
+        .expect("granted after the lease");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "x-b was held for 400 ms, taken after {:?}",
+        started.elapsed()
+    );
+    assert!(set.fence("x-a").is_some() && set.fence("x-b").is_some());
+    set.release().await.expect("release");
+    nothing_left(&locker, &["x-a", "x-b"]).await;
+}
+
+/// A key lost while the set is held (deleted by hand) cancels the set's one loss token, and
+/// `run_many` ends with `Expired` naming it.
+async fn any_key_lost_cancels_the_set<S: Strategy>(
+    locker: Locker<S>,
+    admin: fred::clients::Client,
+) {
+    let opts = set_opts().with_ttl(Duration::from_millis(400));
+    let ended = locker
+        .run_many(&["l-a", "l-b", "l-c"], &opts, |ctx| {
+            let admin = admin.clone();
+            async move {
+                assert_eq!(ctx.fences.len(), 3);
+                assert!(ctx.fence("l-b").is_some());
+                let _: i64 = common::cmd(&admin, "DEL", vec![lock_key("l-b").into()]).await;
+                tokio::time::timeout(Duration::from_secs(30), ctx.lost.cancelled())
+                    .await
+                    .expect("the refresh finds l-b gone and cancels the set's token");
+                Ok::<_, Error>(())
+            }
+        })
+        .await;
+    match ended {
+        Err(Error::Expired { key, .. }) => assert_eq!(key, "l-b"),
+        other => panic!("expected Expired on l-b, got {other:?}"),
+    }
+    nothing_left(&locker, &["l-a", "l-b", "l-c"]).await;
+}
+
+/// A thousand keys in one hash slot: taken, held, released, nothing left.
+async fn a_thousand_keys_in_one_slot<S: Strategy>(locker: Locker<S>) {
+    let keys: Vec<String> = (0..1000).map(|i| format!("{{acct}}:{i}")).collect();
+    let set = locker
+        .acquire_many_wait(&keys, &set_opts())
+        .await
+        .expect("a thousand free keys");
+    assert_eq!(set.guards().len(), 1000);
+    let slot = fred::util::redis_keyslot(lock_key(&keys[0]).as_bytes());
+    assert!(keys
+        .iter()
+        .all(|k| fred::util::redis_keyslot(lock_key(k).as_bytes()) == slot));
+    set.release().await.expect("release");
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    nothing_left(&locker, &refs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_overlapping_sets_never_deadlock() {
+    let server = RedisServer::start();
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(common::queued_locker(&server.url()).await);
+    }
+    overlapping_sets_never_deadlock(lockers).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_overlapping_sets_never_deadlock() {
+    let server = RedisServer::start();
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(Locker::new(server.client().await));
+    }
+    overlapping_sets_never_deadlock(lockers).await;
+}
+
+#[tokio::test]
+async fn a_timeout_leaves_nothing_on_both_strategies() {
+    let server = RedisServer::start();
+    let other = Locker::new(server.client().await);
+    a_timeout_leaves_nothing_held_or_queued(
+        common::queued_locker(&server.url()).await,
+        other.clone(),
+    )
+    .await;
+    a_timeout_leaves_nothing_held_or_queued(Locker::new(server.client().await), other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancellation_leaves_nothing_on_both_strategies() {
+    let server = RedisServer::start();
+    let other = Locker::new(server.client().await);
+    a_cancellation_at_any_await_leaves_nothing(
+        common::queued_locker(&server.url()).await,
+        other.clone(),
+    )
+    .await;
+    a_cancellation_at_any_await_leaves_nothing(Locker::new(server.client().await), other).await;
+}
+
+#[tokio::test]
+async fn a_crashed_holders_key_is_granted_on_both_strategies() {
+    let server = RedisServer::start();
+    let other = Locker::new(server.client().await);
+    a_crashed_holders_key_is_granted_when_its_lease_ends(
+        common::queued_locker(&server.url()).await,
+        other.clone(),
+    )
+    .await;
+    a_crashed_holders_key_is_granted_when_its_lease_ends(Locker::new(server.client().await), other)
+        .await;
+}
+
+#[tokio::test]
+async fn any_key_lost_cancels_the_set_on_both_strategies() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    any_key_lost_cancels_the_set(common::queued_locker(&server.url()).await, admin.clone()).await;
+    any_key_lost_cancels_the_set(Locker::new(server.client().await), admin).await;
+}
+
+#[tokio::test]
+async fn a_thousand_keys_in_one_slot_on_both_strategies() {
+    let server = RedisServer::start();
+    a_thousand_keys_in_one_slot(common::queued_locker(&server.url()).await).await;
+    a_thousand_keys_in_one_slot(Locker::new(server.client().await)).await;
+}
+
+/// A set needs the opt-in (nothing is sent without it), at least one key and at most
+/// `MAX_SET_KEYS`; duplicates are merged; the order given does not matter.
+#[tokio::test]
+async fn sets_are_checked_and_merged() {
+    let server = RedisServer::start();
+    let locker = Locker::new(server.client().await);
+    match locker
+        .acquire_many_wait(&["m-a", "m-b"], &LockOptions::new())
+        .await
+    {
+        Err(Error::InvalidOptions { field, value, .. }) => {
+            assert_eq!(field, "ordered_sets");
+            assert!(value.contains("hash slots"), "{value}");
+        }
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(!locker.status("m-a").await.expect("status").held);
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        locker.acquire_many(&none, &set_opts()).await,
+        Err(Error::InvalidOptions { field: "keys", .. })
+    ));
+    let too_many: Vec<String> = (0..=waitlock::MAX_SET_KEYS)
+        .map(|i| format!("m{i}"))
+        .collect();
+    assert!(matches!(
+        locker.acquire_many(&too_many, &set_opts()).await,
+        Err(Error::InvalidOptions { field: "keys", .. })
+    ));
+    assert!(matches!(
+        locker.acquire_many(&["m-a", ""], &set_opts()).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    let set = locker
+        .acquire_many(&["m-b", "m-a", "m-b"], &set_opts())
+        .await
+        .expect("merged");
+    let keys: Vec<&str> = set.keys().collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["m-a", "m-b"]);
+    set.release().await.expect("release");
+    nothing_left(&locker, &["m-a", "m-b"]).await;
+}
