@@ -27,6 +27,14 @@
 //!   when it finds them all free, queue order ignored: a later set passes an older one that
 //!   overlaps it (and can starve it).
 //!
+//! `Rule::EachInTurn` with every set **sorted** (one order for every caller) is the path built
+//! first (`src/lock_set.rs`, `Locker::acquire_many_wait` with `LockOptions::with_ordered_sets`;
+//! the only one for keys in several Cluster slots): it keeps (S1), (S3)-(S6) under the same
+//! faults and breaks (S2) only, FIFO holding per key (`tests/sets.rs`). What the model leaves
+//! out of it: a key already taken that is lost while a later one is waited for (a Redis
+//! restart: the lock model's fault), on which the implementation releases every key and takes
+//! the set again from the first.
+//!
 //! **Faults:** a waiter's process dies while it waits (its members stay queued until a call
 //! finds them at a head) or while it holds (its keys stay held until their lease ends, which
 //! Redis notices in any order; then a watcher looks); a waiter leaves (a timeout or a

@@ -163,37 +163,87 @@ fn naive_all_when_free_passes_an_older_set() {
     assert_eq!(shortest(Rule::WhenAllFree, S2), 4);
 }
 
-/// The cross-slot path (keys in several slots cannot be taken in one script): each key in
-/// turn in one order for everyone, (slot, key). No deadlock and nothing left behind, with a
-/// death and a leave; but FIFO is per key only: a later set may be granted while an older
-/// overlapping set waits (it waits for a key the later one does not need, holding others).
+/// The ordered path (`Locker::acquire_many_wait` with `LockOptions::with_ordered_sets`, built
+/// in `src/lock_set.rs`; the only path for keys in several slots, which no one script can
+/// take): each key in turn in one order for everyone, (slot, key), the keys taken held
+/// while the next is waited for. No deadlock, nothing left behind, no live waiter left on a
+/// key it could have, with deaths and leaves; but FIFO is per key only: a later set may be
+/// granted while an older overlapping set waits (for a key the later one does not need,
+/// holding others).
+fn sorted(cfg: Cfg, name: &str, min_unique: usize) {
+    let mut cfg = Cfg {
+        rule: Rule::EachInTurn,
+        ..cfg
+    };
+    for s in cfg.sets.iter_mut() {
+        s.sort();
+    }
+    let t = Instant::now();
+    let c = Sets::new(cfg).checker().threads(2).spawn_bfs().join();
+    println!(
+        "{name}: {} unique states ({} generated), depth {}, {:.2} s",
+        c.unique_state_count(),
+        c.state_count(),
+        c.max_depth(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(c.is_done());
+    assert!(
+        c.unique_state_count() >= min_unique,
+        "{name}: run cut short?"
+    );
+    for p in [S1, S3, S4, S5, S6] {
+        assert!(c.discovery(p).is_none(), "{name}: {p}");
+    }
+    assert!(
+        c.discovery("canary: every set granted and released")
+            .is_some(),
+        "{name}: no run granted every set"
+    );
+    assert!(
+        c.discovery(S2).is_some(),
+        "{name}: FIFO across keys was expected to break"
+    );
+}
+
 #[test]
 fn sorted_each_in_turn_cannot_deadlock_but_is_fifo_per_key_only() {
+    sorted(
+        Cfg::default(),
+        "sets, each in turn sorted, 1 death + 1 leave",
+        14_000,
+    );
+    sorted(
+        Cfg {
+            deaths: 2,
+            leaves: 2,
+            ..Cfg::default()
+        },
+        "sets, each in turn sorted, 2 deaths + 2 leaves",
+        50_000,
+    );
+    sorted(
+        Cfg {
+            sets: vec![vec![0, 1, 2], vec![1], vec![2, 0], vec![0], vec![1, 2]],
+            ..Cfg::default()
+        },
+        "sets, each in turn sorted, five sets of 1-3 keys, 1 death + 1 leave",
+        167_000,
+    );
+    // Where FIFO across keys breaks: the shortest run.
     let mut sets = Cfg::default().sets;
     for s in sets.iter_mut() {
         s.sort();
     }
-    let c = Sets::new(Cfg {
+    let cfg = Cfg {
         rule: Rule::EachInTurn,
         sets,
+        deaths: 0,
+        leaves: 0,
+        refreshes: 0,
         ..Cfg::default()
-    })
-    .checker()
-    .threads(2)
-    .spawn_bfs()
-    .join();
-    println!(
-        "sets, each in turn sorted, 1 death + 1 leave: {} unique states",
-        c.unique_state_count()
-    );
-    assert!(c.is_done());
-    for p in [S1, S3, S4, S5, S6] {
-        assert!(c.discovery(p).is_none(), "sorted: {p}");
-    }
-    assert!(
-        c.discovery(S2).is_some(),
-        "sorted: FIFO across keys was expected to break"
-    );
+    };
+    assert!(shortest_with(cfg, S2) > 0);
 }
 
 /// A departed waiter dropped from a head leaves its other queues: serving only the queue it
