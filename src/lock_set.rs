@@ -2,8 +2,10 @@
 //!
 //! **Ordered acquisition** (the one path built so far, taken only when the caller opts in with
 //! [`LockOptions::with_ordered_sets`]): the keys, made a set (duplicates merged), are sorted by
-//! hash slot and then by key, and taken one after another with the single-key lock, each kept
-//! alive from the moment it is taken, under one deadline. Every caller sorts the same way, so
+//! hash slot and then by key, and taken in that order with the single-key lock, each kept
+//! alive from the moment it is taken, under one deadline. Waiting, a key is waited for only
+//! when it was found held; the keys after it are tried all at once (in bursts of [`BURST`]),
+//! keeping the run taken from the first and releasing those after the first held one. Every caller sorts the same way, so
 //! a waiter only ever waits for a key greater than every key it holds: no cycle of waiters,
 //! no deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
 //! set through). Anything that ends the call early (its deadline, an error, a dropped future)
@@ -26,10 +28,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The most keys one set may have. Each key is its own call (a few hundred microseconds
-/// each on a local server), so a set this large takes seconds; above it the set is refused
+/// The most keys one set may have. Each key is its own call (free keys' calls go out
+/// together: 1,000 free keys take about 30 ms on a local server); above it the set is refused
 /// ([`Error::InvalidOptions`], field `keys`).
 pub const MAX_SET_KEYS: usize = 10_000;
+
+/// Attempts sent at once when a set's next keys are tried together.
+const BURST: usize = 512;
 
 /// A set of held locks, taken together by
 /// [`Locker::acquire_many`] or [`Locker::acquire_many_wait`]: one loss token for the whole
@@ -340,7 +345,7 @@ impl<S: Strategy> Locker<S> {
         Ok(order.into_iter().map(|(_, key)| key).collect())
     }
 
-    /// Takes `keys` one after another (one attempt each, or waiting until `opts`' deadline),
+    /// Takes `keys` in order (one attempt each, or waiting until `opts`' deadline),
     /// each kept alive with the set's shared loss token from the moment it is taken.
     async fn take_in_order(
         &self,
@@ -353,33 +358,49 @@ impl<S: Strategy> Locker<S> {
         'set: loop {
             let lost = CancellationToken::new();
             let mut guards: Vec<LockGuard> = Vec::with_capacity(keys.len());
-            for key in keys {
-                let taken = if wait {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        release_all(guards, false).await;
-                        return Err(Error::WaitTimeout {
-                            key: key.clone(),
-                            waited: start.elapsed(),
-                            attempts: 0,
-                        });
-                    }
-                    let opts = opts.clone().with_wait(left);
-                    tokio::select! {
-                        biased;
-                        _ = lost.cancelled() => {
+            // Waiting, the first key, and each key found held, is waited for; the keys after
+            // it are tried all at once (a free set of 1,000 keys costs one round trip's
+            // time, not 1,000), keeping the run of them taken from the first.
+            let mut must_wait = wait;
+            while guards.len() < keys.len() {
+                let key = &keys[guards.len()];
+                if !must_wait {
+                    let burst = &keys[guards.len()..keys.len().min(guards.len() + BURST)];
+                    let (taken, failed) = self.attempt_all(burst, opts, &lost).await;
+                    guards.extend(taken);
+                    match failed {
+                        None => {}
+                        Some(_) if wait => must_wait = true,
+                        Some(e) => {
                             release_all(guards, false).await;
-                            continue 'set;
+                            return Err(e);
                         }
-                        taken = self.acquire_wait(key, &opts) => taken,
                     }
-                } else {
-                    self.acquire(key, opts).await
+                    continue;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    release_all(guards, false).await;
+                    return Err(Error::WaitTimeout {
+                        key: key.clone(),
+                        waited: start.elapsed(),
+                        attempts: 0,
+                    });
+                }
+                let opts = opts.clone().with_wait(left);
+                let taken = tokio::select! {
+                    biased;
+                    _ = lost.cancelled() => {
+                        release_all(guards, false).await;
+                        continue 'set;
+                    }
+                    taken = self.acquire_wait(key, &opts) => taken,
                 };
                 match taken {
                     Ok(mut guard) => {
                         guard.keep_alive_with(lost.clone());
                         guards.push(guard);
+                        must_wait = false;
                     }
                     Err(e) => {
                         release_all(guards, false).await;
@@ -407,6 +428,54 @@ impl<S: Strategy> Locker<S> {
             }
             return Ok(LockSetGuard { guards, lost });
         }
+    }
+
+    /// One attempt at each of `keys` (in order), all at once. Keeps the run of keys taken from
+    /// the first (each kept alive with `lost`) and releases those taken after the first that
+    /// failed (holding them while waiting for it could deadlock); gives that failure.
+    async fn attempt_all(
+        &self,
+        keys: &[String],
+        opts: &LockOptions,
+        lost: &CancellationToken,
+    ) -> (Vec<LockGuard>, Option<Error>) {
+        // Spawned, so the calls go out together; a dropped call aborts them, and each
+        // attempt's own cancel safety (or a finished one's guard dropping) releases its key.
+        let mut calls = tokio::task::JoinSet::new();
+        for (i, key) in keys.iter().enumerate() {
+            let (locker, key, opts) = (self.clone(), key.clone(), opts.clone());
+            calls.spawn(async move { (i, locker.acquire(&key, &opts).await) });
+        }
+        let mut outcomes: Vec<Option<Result<LockGuard>>> = (0..keys.len()).map(|_| None).collect();
+        while let Some(joined) = calls.join_next().await {
+            match joined {
+                Ok((i, taken)) => outcomes[i] = Some(taken),
+                Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+                Err(_) => {}
+            }
+        }
+        let (mut kept, mut extra, mut failed) = (Vec::new(), Vec::new(), None);
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                Some(Ok(mut guard)) if failed.is_none() => {
+                    guard.keep_alive_with(lost.clone());
+                    kept.push(guard);
+                }
+                Some(Ok(guard)) => extra.push(guard),
+                Some(Err(e)) if failed.is_none() => failed = Some(e),
+                None if failed.is_none() => {
+                    failed = Some(Error::invalid_option(
+                        &keys[i],
+                        "keys",
+                        &keys[i],
+                        "the attempt's task ended without an outcome",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        release_all(extra, false).await;
+        (kept, failed)
     }
 }
 
