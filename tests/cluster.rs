@@ -1,6 +1,6 @@
 //! Both lockers on a local Redis Cluster (3 primaries): handoffs by grant on keys spread over
-//! every primary, SCRIPT FLUSH on every node mid-run, and a slot that moves while its lock has
-//! queued waiters.
+//! every primary, SCRIPT FLUSH on every node mid-run, a slot that moves while its lock has
+//! queued waiters, failovers, and sets of keys across primaries.
 
 mod common;
 
@@ -725,4 +725,155 @@ async fn one_refresher_keeps_locks_on_every_primary_through_a_cut_connection() {
         g.release().await.expect("release");
     }
     locker.idle().await;
+}
+
+/// Sets across slots (the ordered path of `acquire_many_wait`): six keys, two on each of the
+/// three primaries, taken by six workers of two queued lockers in different orders and
+/// overlapping subsets; then a primary is killed (SIGKILL) and its replica promoted. No call
+/// outlives its deadline by more than a command timeout, every worker takes its set again
+/// after the promotion, and at the end no key is held or queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_across_primaries_survive_a_killed_primary() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let url = cluster.url();
+    let primaries = cluster.primaries();
+    let mut keys: Vec<String> = Vec::new();
+    for p in &primaries {
+        let mine = (0..10_000)
+            .map(|i| format!("xset-{i}"))
+            .filter(|k| cluster.owner(slot(k)) == *p)
+            .take(2);
+        keys.extend(mine);
+    }
+    assert_eq!(keys.len(), 6, "two keys per primary");
+    let lockers = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+        polling(&url).await,
+    );
+    match lockers
+        .0
+        .acquire_many_wait(&keys, &LockOptions::new())
+        .await
+    {
+        Err(waitlock::Error::InvalidOptions { field, value, .. }) => {
+            assert_eq!(field, "ordered_sets");
+            assert!(value.contains(", "), "several slots named: {value}");
+        }
+        other => panic!("a set without the opt-in: {other:?}"),
+    }
+    let wait = Duration::from_secs(20);
+    let stop = Arc::new(AtomicBool::new(false));
+    let promoted_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    // Sets each worker took that it had asked for after the promotion.
+    let after: Arc<Vec<AtomicU64>> = Arc::new((0..6).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for t in 0..6usize {
+        let (a, b) = (lockers.0.clone(), lockers.1.clone());
+        let (stop, promoted_at, after) = (stop.clone(), promoted_at.clone(), after.clone());
+        // Overlapping subsets of four, each given in a different order.
+        let set: Vec<String> = [t, t + 3, t + 1, t + 5]
+            .iter()
+            .map(|i| keys[i % 6].clone())
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let opts = common::tight()
+                .with_wait(wait)
+                .with_ttl(Duration::from_secs(2))
+                .with_ordered_sets();
+            let (mut ok, mut late, mut errors) = (0u64, 0u64, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let r = if t % 2 == 0 {
+                    a.acquire_many_wait(&set, &opts).await
+                } else {
+                    b.acquire_many_wait(&set, &opts).await
+                };
+                if started.elapsed() > wait + Duration::from_secs(4) {
+                    late += 1;
+                }
+                match r {
+                    Ok(held) => {
+                        ok += 1;
+                        if promoted_at
+                            .lock()
+                            .expect("promoted")
+                            .is_some_and(|p| started > p)
+                        {
+                            after[t].fetch_add(1, Ordering::SeqCst);
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        let _ = held.release().await;
+                    }
+                    Err(e) => {
+                        errors.push(e.to_string());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ok, late, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let victim = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port == primaries[1])
+        .expect("the victim");
+    let replicas_before: Vec<u16> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .filter(|p| cli(*p, &["role"]).starts_with("slave"))
+        .collect();
+    cluster.nodes[victim].kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !replicas_before
+        .iter()
+        .any(|p| cli(*p, &["role"]).starts_with("master"))
+    {
+        assert!(Instant::now() < deadline, "no replica was promoted");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    *promoted_at.lock().expect("promoted") = Some(Instant::now());
+    // Every worker asks for its set after the promotion and gets it (the event, not a clock;
+    // the bound is for a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while after.iter().any(|a| a.load(Ordering::SeqCst) == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "workers without a set since the promotion: {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for (t, task) in tasks.into_iter().enumerate() {
+        let (ok, late, errors) = task.await.expect("worker");
+        println!(
+            "CLUSTER SETS: worker {t}: {ok} sets, {} errors {:?}",
+            errors.len(),
+            errors.iter().take(2).collect::<Vec<_>>()
+        );
+        assert_eq!(late, 0, "worker {t}: calls that outlived their deadline");
+        total += ok;
+    }
+    assert!(total > 20, "only {total} sets taken");
+    lockers.0.idle().await;
+    lockers.1.idle().await;
+    lockers.2.idle().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for key in &keys {
+        loop {
+            let status = lockers.2.status(key).await.expect("status");
+            if !status.held && status.queued == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{key} left behind after the run: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
