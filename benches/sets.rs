@@ -116,20 +116,21 @@ async fn handoffs(admin: &Client, lockers: &[Locker<Queue>], keys: &[String], n:
     }
 }
 
-/// Takes and releases `keys` `repeats` times; the median time to take them (ms) and the
-/// script calls per key of one take.
+/// Takes and releases `keys` `repeats` times; the median time to take them (ms), the script
+/// calls per key of one take, and Redis' CPU (summed over `admin`'s servers) per take (ms).
 async fn take_many<S: Strategy>(
     locker: &Locker<S>,
     admin: &[Client],
     keys: &[String],
     repeats: usize,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     let mut times = Vec::with_capacity(repeats);
-    let mut calls = 0;
+    let (mut calls, mut cpu) = (0, 0.0);
     for _ in 0..repeats {
         let mut before = Vec::new();
         for a in admin {
             before.push(commandstats(a).await);
+            cpu -= redis_cpu_us(a).await;
         }
         let start = Instant::now();
         let set = locker
@@ -138,6 +139,7 @@ async fn take_many<S: Strategy>(
             .expect("free keys");
         times.push(start.elapsed().as_secs_f64() * 1e3);
         for (a, b) in admin.iter().zip(&before) {
+            cpu += redis_cpu_us(a).await;
             calls += calls_since(b, &commandstats(a).await).0;
         }
         set.release().await.expect("release");
@@ -147,6 +149,7 @@ async fn take_many<S: Strategy>(
     (
         pct(&times, 0.5),
         calls as f64 / (repeats * keys.len()) as f64,
+        cpu / 1e3 / repeats as f64,
     )
 }
 
@@ -200,11 +203,11 @@ async fn coordinator(quick: bool) {
     if selected("many") {
         let keys: Vec<String> = (0..1000).map(|i| format!("{{acct}}:{i}")).collect();
         let queued = common::queued_locker(&url).await;
-        let (ms, calls) = take_many(&queued, std::slice::from_ref(&admin), &keys, repeats).await;
-        println!("many: 1,000 keys in one slot, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key");
+        let (ms, calls, cpu) = take_many(&queued, std::slice::from_ref(&admin), &keys, repeats).await;
+        println!("many: 1,000 keys in one slot, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
         let polling = Locker::new(common::client_for(&url).await);
-        let (ms, calls) = take_many(&polling, std::slice::from_ref(&admin), &keys, repeats).await;
-        println!("many: 1,000 keys in one slot, polling locker: median {ms:.1} ms to take, {calls:.2} calls/key");
+        let (ms, calls, cpu) = take_many(&polling, std::slice::from_ref(&admin), &keys, repeats).await;
+        println!("many: 1,000 keys in one slot, polling locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
     }
     if selected("cluster") {
         let cluster = RedisCluster::start(3, 0);
@@ -214,8 +217,8 @@ async fn coordinator(quick: bool) {
         }
         let keys: Vec<String> = (0..1000).map(|i| format!("spread:{i}")).collect();
         let queued = common::queued_locker(&cluster.url()).await;
-        let (ms, calls) = take_many(&queued, &admins, &keys, repeats).await;
-        println!("cluster: 1,000 keys over 3 primaries, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key");
+        let (ms, calls, cpu) = take_many(&queued, &admins, &keys, repeats).await;
+        println!("cluster: 1,000 keys over 3 primaries, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
     }
 }
 
