@@ -203,10 +203,12 @@ async fn coordinator(quick: bool) {
     if selected("many") {
         let keys: Vec<String> = (0..1000).map(|i| format!("{{acct}}:{i}")).collect();
         let queued = common::queued_locker(&url).await;
-        let (ms, calls, cpu) = take_many(&queued, std::slice::from_ref(&admin), &keys, repeats).await;
+        let (ms, calls, cpu) =
+            take_many(&queued, std::slice::from_ref(&admin), &keys, repeats).await;
         println!("many: 1,000 keys in one slot, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
         let polling = Locker::new(common::client_for(&url).await);
-        let (ms, calls, cpu) = take_many(&polling, std::slice::from_ref(&admin), &keys, repeats).await;
+        let (ms, calls, cpu) =
+            take_many(&polling, std::slice::from_ref(&admin), &keys, repeats).await;
         println!("many: 1,000 keys in one slot, polling locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
     }
     if selected("cluster") {

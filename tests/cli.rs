@@ -1760,3 +1760,94 @@ fn a_stopped_leader_is_fenced_off_and_an_observer_sees_every_term_in_order() {
     terms.dedup();
     assert_eq!(terms, vec![term_a, term_b, term_c], "observed {observed}");
 }
+
+/// `run KEY --also KEY2 ...`: runs over overlapping sets given in opposite orders never
+/// interleave and never deadlock; the command sees every key and fence; a set whose one key is
+/// held gives the conflict code, names that key, and leaves the other keys free; `status`
+/// shows several keys.
+#[test]
+fn runs_over_sets_of_keys_take_them_all_in_one_order() {
+    let server = RedisServer::start();
+    let dir = Scratch::new("sets");
+    let script = r#"echo "start $$" >> log; sleep 0.05; echo "end $$" >> log"#;
+    let orders: [&[&str]; 4] = [
+        &["a", "--also", "b"],
+        &["b", "--also", "a"],
+        &["b", "--also", "c", "--also", "a"],
+        &["c", "--also", "a"],
+    ];
+    let runs: Vec<Spawned> = orders
+        .iter()
+        .enumerate()
+        .map(|(i, keys)| {
+            let mut c = waitlock(&server, &dir);
+            c.args(["run", "--wait", "30s"])
+                .args(*keys)
+                .args(["--", "sh", "-c", script]);
+            Spawned::start(c, &dir, &format!("run{i}.err"))
+        })
+        .collect();
+    for mut r in runs {
+        assert!(r.wait().success(), "{}", r.stderr());
+    }
+    // Every pair of these sets shares a key: they ran one at a time.
+    assert_serial(&dir.read("log"), 4);
+
+    let mut c = waitlock(&server, &dir);
+    c.args([
+        "run",
+        "b",
+        "--also",
+        "a",
+        "--",
+        "sh",
+        "-c",
+        r#"printf '%s|%s|%s|%s' "$WAITLOCK_KEY" "$WAITLOCK_FENCE" "$WAITLOCK_KEYS" "$WAITLOCK_FENCES" > env"#,
+    ]);
+    assert!(output(c).status.success());
+    let env = dir.read("env");
+    let parts: Vec<&str> = env.split('|').collect();
+    assert_eq!(parts[0], "b", "{env}");
+    assert_eq!(parts[2], "a\nb", "keys in the order taken: {env}");
+    let fences: Vec<&str> = parts[3].split(' ').collect();
+    assert_eq!(fences.len(), 2, "{env}");
+    assert_eq!(fences[1], parts[1], "b's fence is WAITLOCK_FENCE: {env}");
+
+    // (a fresh directory: `hold` waits for the first start line of its log)
+    let dir = Scratch::new("sets-held");
+    let mut holder = hold(&server, &dir, "held");
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "--nonblock", "free", "--also", "held", "--", "true"]);
+    let out = output(c);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("'held' is held"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert_eq!(status_json(&server, &dir, "free")["held"], false);
+
+    let mut c = waitlock(&server, &dir);
+    c.args(["status", "--json", "free", "held"]);
+    let out = output(c);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        (lines[0]["key"].clone(), lines[0]["held"].clone()),
+        ("free".into(), false.into())
+    );
+    assert_eq!(
+        (lines[1]["key"].clone(), lines[1]["held"].clone()),
+        ("held".into(), true.into())
+    );
+    fs::write(dir.path("go"), "").expect("go");
+    assert!(holder.wait().success());
+
+    // Not with permits.
+    let mut c = waitlock(&server, &dir);
+    c.args(["run", "-s", "a", "--also", "b", "--", "true"]);
+    assert_eq!(output(c).status.code(), Some(64));
+}

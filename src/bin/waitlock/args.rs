@@ -13,8 +13,9 @@ Exit codes of `run`:
   1                   the lock was held (--nonblock) or the wait ran out (see --conflict-exit-code)
   64                  bad usage: unknown option, bad duration, empty key or prefix, bad URL,
                       a --tls-* file that cannot be read or holds no usable PEM, --limit 0,
-                      two of -s/-x/--limit, or a key in use with another --limit (or with
-                      -s/-x when this run gives --limit, and the other way round)
+                      two of -s/-x/--limit, --also with one of them, or a key in use with
+                      another --limit (or with -s/-x when this run gives --limit, and the
+                      other way round)
   69                  Redis could not be reached, refused the password or the TLS handshake
                       (e.g. a certificate from an untrusted CA), or stopped answering
   70                  any other failure (e.g. the lock's Redis key holds foreign data)
@@ -35,7 +36,9 @@ Environment:
   The command gets WAITLOCK_KEY, WAITLOCK_FENCE (a number that grows with every acquisition
   of the key: hand it to storage that refuses stale writers; with -s or --limit, holders
   overlap, so it orders them but cannot fence one out) and WAITLOCK_TOKEN (the holder's
-  token; `waitlock release` reads it for a plain lock).
+  token; `waitlock release` reads it for a plain lock). With --also: those of KEY, and
+  WAITLOCK_KEYS (every key held, one per line) and WAITLOCK_FENCES (their fences, space-
+  separated), in the order taken.
 
 Examples:
   waitlock run nightly-report -- ./report.sh --full
@@ -44,6 +47,7 @@ Examples:
   waitlock run --limit 4 thumbnails -- ./thumb.sh    # at most 4 at once, across hosts
   waitlock run -s config -- ./read.sh                # readers run together...
   waitlock run -x config -- ./write.sh               # ...a writer runs alone
+  waitlock run stock:paris --also stock:lyon -- ./move.sh   # both keys, in one fixed order
   waitlock status nightly-report --json";
 
 /// Runs a command while holding a distributed lock on Redis; shows and releases locks.
@@ -283,6 +287,13 @@ pub struct RunArgs {
     #[arg(value_name = "KEY")]
     pub key: String,
 
+    /// Also hold the lock on this key (repeat for more): the command runs holding KEY and
+    /// every --also key, taken as a set (in one fixed order, by hash slot then key, so runs
+    /// that give the same keys in other orders never deadlock; each key taken is held while
+    /// the next is waited for; FIFO per key). Plain locks only (not with -s, -x, --limit).
+    #[arg(long, value_name = "KEY", conflicts_with = "permits")]
+    pub also: Vec<String>,
+
     /// The command to run under the lock, and its arguments (after `--`).
     #[arg(
         value_name = "COMMAND",
@@ -319,6 +330,11 @@ pub struct StatusArgs {
     /// The lock's name.
     #[arg(value_name = "KEY")]
     pub key: String,
+
+    /// More keys (a set, as `run --also` takes it): each is shown in turn (with --json, one
+    /// object per line). Not with --watch.
+    #[arg(value_name = "MORE_KEYS", conflicts_with = "watch")]
+    pub more: Vec<String>,
 }
 
 /// `waitlock release`.

@@ -88,7 +88,14 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
     let shown = if args.watch {
         watch::watch(&locker, &args).await
     } else {
-        show(&locker, &args).await
+        let mut shown = Ok(());
+        for key in std::iter::once(&args.key).chain(&args.more) {
+            shown = show(&locker, &args, key).await;
+            if shown.is_err() {
+                break;
+            }
+        }
+        shown
     };
     match shown {
         Ok(()) => 0,
@@ -99,14 +106,13 @@ async fn status(args: StatusArgs, out: Reporter) -> u8 {
     }
 }
 
-/// Reads the key's lock and permits and prints them (one line each, the table of who holds
+/// Reads `key`'s lock and permits and prints them (one line each, the table of who holds
 /// and waits; or one JSON object).
-async fn show(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
-    let status = locker.status(&args.key).await?;
+async fn show(locker: &Locker, args: &StatusArgs, key: &str) -> Result<(), Error> {
+    let status = locker.status(key).await?;
     // A key's permit state does not depend on the number asked for: any semaphore reads
     // it, whatever N (or the read-write lock) the key is used with.
-    let permits = locker.semaphore(1)?.status(&args.key).await?;
-    let key = &args.key;
+    let permits = locker.semaphore(1)?.status(key).await?;
     if args.json {
         let json = serde_json::json!({
             "key": key,

@@ -9,7 +9,8 @@ use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
-use waitlock::{Error, Leadership, LockGuard, LockOptions, Locker, Queue};
+use tokio_util::sync::CancellationToken;
+use waitlock::{Error, Leadership, LockGuard, LockOptions, LockSetGuard, Locker, Queue};
 
 /// What `run` takes on KEY: the lock, or permits of the key. The only place the two differ;
 /// everything after (waiting, refresh, supervision, release) works on the same `LockGuard`.
@@ -117,17 +118,72 @@ impl Hold {
     }
 }
 
-/// What a run holds while its command runs: a lock's (or permits') guard, or a leadership.
+/// What a run holds while its command runs: a lock's (or permits') guard, a set of locks
+/// (`--also`), or a leadership.
 pub enum Held {
     Guard(LockGuard),
+    Set(LockSetGuard),
     Lead(Leadership),
 }
 
 impl Held {
-    fn guard(&mut self) -> &mut LockGuard {
+    /// Starts the keep-alive (a set's runs since it was taken); the loss token.
+    fn keep_alive(&mut self) -> CancellationToken {
         match self {
-            Held::Guard(g) => g,
-            Held::Lead(l) => l.guard_mut(),
+            Held::Guard(g) => g.keep_alive(),
+            Held::Set(s) => s.lost(),
+            Held::Lead(l) => l.guard_mut().keep_alive(),
+        }
+    }
+
+    /// Why it was lost (for a set: which key, and why), if it was.
+    fn loss(&mut self) -> Option<String> {
+        match self {
+            Held::Guard(g) => g.loss().map(|r| r.to_string()),
+            Held::Set(s) => s.loss().map(|(k, r)| format!("{}: {r}", quoted(k))),
+            Held::Lead(l) => l.guard_mut().loss().map(|r| r.to_string()),
+        }
+    }
+
+    /// The command's environment: WAITLOCK_KEY, WAITLOCK_FENCE, WAITLOCK_TOKEN (of KEY, the
+    /// first key given), and for a set WAITLOCK_KEYS (one per line) and WAITLOCK_FENCES
+    /// (space-separated), both in the order taken.
+    fn env(&mut self, key: &str) -> Vec<(&'static str, String)> {
+        let one = |g: &LockGuard| {
+            vec![
+                ("WAITLOCK_KEY", key.to_owned()),
+                ("WAITLOCK_FENCE", g.fence().to_string()),
+                ("WAITLOCK_TOKEN", g.token().to_owned()),
+            ]
+        };
+        match self {
+            Held::Guard(g) => one(g),
+            Held::Lead(l) => one(l.guard_mut()),
+            Held::Set(s) => {
+                let first = s.guards().iter().find(|g| g.key() == key);
+                let mut env = first.map(one).unwrap_or_default();
+                env.push(("WAITLOCK_KEYS", s.keys().collect::<Vec<_>>().join("\n")));
+                let fences: Vec<String> =
+                    s.guards().iter().map(|g| g.fence().to_string()).collect();
+                env.push(("WAITLOCK_FENCES", fences.join(" ")));
+                env
+            }
+        }
+    }
+
+    /// The fence(s), for messages: `fence 7`, or `fences 'a' 7, 'b' 3`.
+    fn fences(&mut self) -> String {
+        match self {
+            Held::Guard(g) => format!("fence {}", g.fence()),
+            Held::Lead(l) => format!("fence {}", l.guard_mut().fence()),
+            Held::Set(s) => {
+                let each: Vec<String> = s
+                    .guards()
+                    .iter()
+                    .map(|g| format!("{} {}", quoted(g.key()), g.fence()))
+                    .collect();
+                format!("fences {}", each.join(", "))
+            }
         }
     }
 
@@ -135,6 +191,7 @@ impl Held {
     async fn release(self) -> Result<(), Error> {
         match self {
             Held::Guard(g) => g.release().await,
+            Held::Set(s) => s.release().await,
             Held::Lead(l) => l.resign().await,
         }
     }
@@ -143,16 +200,68 @@ impl Held {
     async fn release_after_section(self) -> Result<(), Error> {
         match self {
             Held::Guard(g) => g.release_after_section().await,
+            Held::Set(s) => s.release_after_section().await,
             Held::Lead(l) => l.resign_after_term().await,
         }
     }
 }
 
+/// The keys a run holds: KEY, then every --also key.
+fn keys(args: &RunArgs) -> Vec<String> {
+    std::iter::once(&args.key)
+        .chain(&args.also)
+        .cloned()
+        .collect()
+}
+
+/// What is waited for: as [`Hold::target`], or for a set `the set 'a', 'b'`.
+fn target(args: &RunArgs, hold: Hold) -> String {
+    if args.also.is_empty() {
+        return hold.target(&args.key);
+    }
+    let each: Vec<String> = keys(args).iter().map(|k| quoted(k)).collect();
+    format!("the set {}", each.join(", "))
+}
+
+/// What is held: as [`Hold::held`], or for a set `locks on the set 'a', 'b'`.
+fn held_name(args: &RunArgs, hold: Hold) -> String {
+    if args.also.is_empty() {
+        hold.held(&args.key)
+    } else {
+        format!("locks on {}", target(args, hold))
+    }
+}
+
+/// One attempt (`wait` false) or a wait up to `opts.wait` for what the run holds: KEY as
+/// `hold` says, or the set of KEY and the --also keys.
+async fn take(
+    args: &RunArgs,
+    hold: Hold,
+    locker: &Locker<Queue>,
+    opts: &LockOptions,
+    wait: bool,
+) -> Result<Held, Error> {
+    if args.also.is_empty() {
+        return hold
+            .acquire(locker, &args.key, opts, wait)
+            .await
+            .map(Held::Guard);
+    }
+    let opts = opts.clone().with_ordered_sets();
+    let keys = keys(args);
+    let set = if wait {
+        locker.acquire_many_wait(&keys, &opts).await
+    } else {
+        locker.acquire_many(&keys, &opts).await
+    };
+    set.map(Held::Set)
+}
+
 /// `waitlock elect`: campaigns in the election KEY, runs the command while leading, resigns.
 pub async fn elect(args: ElectArgs, out: Reporter) -> u8 {
     let run = &args.run;
-    if run.shared || run.exclusive || run.limit.is_some() {
-        out.error("-s, -x and --limit do not apply to `elect`".to_owned());
+    if run.shared || run.exclusive || run.limit.is_some() || !run.also.is_empty() {
+        out.error("-s, -x, --limit and --also do not apply to `elect`".to_owned());
         return report::USAGE;
     }
     let mut signals = match Signals::install() {
@@ -301,22 +410,21 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
             return report::SOFTWARE;
         }
     };
-    let key = args.key.as_str();
     let hold = Hold::of(&args);
     // Until the command runs, a signal ends waitlock as it would have without handlers
     // (nothing is held yet, or the guard's drop releases what was).
     let guard = tokio::select! {
         guard = lock(&args, hold, out) => guard,
         sig = signals.recv() => {
-            out.info(format!("got {} while waiting for {}: not running the command", signal_name(sig), hold.target(key)));
+            out.info(format!("got {} while waiting for {}: not running the command", signal_name(sig), target(&args, hold)));
             return killed_by(sig);
         }
     };
-    let (locker, guard) = match guard {
+    let (locker, held) = match guard {
         Ok(held) => held,
         Err(code) => return code,
     };
-    let code = supervise(&args, hold, Held::Guard(guard), &mut signals, out).await;
+    let code = supervise(&args, hold, held, &mut signals, out).await;
     // With --verbose: the locker's counters (waits, grants, losses) for this run.
     tracing::debug!(stats = ?locker.stats(), "lock statistics");
     drop(locker);
@@ -325,8 +433,7 @@ pub async fn run(args: RunArgs, out: Reporter) -> u8 {
 
 /// Connects and takes the lock (or the permits); on failure, the message is printed and the
 /// exit code returned.
-async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue>, LockGuard), u8> {
-    let key = args.key.as_str();
+async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue>, Held), u8> {
     let url = args.conn.url.as_str();
     let fail = |e: Error| {
         out.error(describe(&e, url));
@@ -341,10 +448,11 @@ async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue
     let started = Instant::now();
     let nonblock = args.nonblock || args.wait.is_zero();
     // One attempt first, to say that we wait and for whom; the wait repeats it.
-    match hold.acquire(&locker, key, &once, false).await {
-        Ok(guard) => return Ok((locker, guard)),
-        Err(Error::Locked { remaining_ttl, .. }) => {
-            let busy = hold.busy(key, remaining_ttl);
+    match take(args, hold, &locker, &once, false).await {
+        Ok(held) => return Ok((locker, held)),
+        // (for a set: the first key found held)
+        Err(Error::Locked { key, remaining_ttl }) => {
+            let busy = hold.busy(&key, remaining_ttl);
             if nonblock {
                 out.info(format!("{busy}: not running the command"));
                 return Err(args.conflict_exit_code);
@@ -360,20 +468,20 @@ async fn lock(args: &RunArgs, hold: Hold, out: Reporter) -> Result<(Locker<Queue
     let wait = LockOptions::new()
         .with_ttl(args.ttl)
         .with_wait(args.wait.saturating_sub(started.elapsed()));
-    match hold.acquire(&locker, key, &wait, true).await {
-        Ok(guard) => {
+    match take(args, hold, &locker, &wait, true).await {
+        Ok(mut held) => {
             out.info(format!(
-                "waited {} for {} (fence {})",
+                "waited {} for {} ({})",
                 secs(started.elapsed()),
-                hold.target(key),
-                guard.fence()
+                target(args, hold),
+                held.fences()
             ));
-            Ok((locker, guard))
+            Ok((locker, held))
         }
         Err(e @ (Error::WaitTimeout { .. } | Error::Locked { .. })) => {
             out.info(format!(
                 "gave up on {} after waiting {}: not running the command",
-                hold.target(key),
+                target(args, hold),
                 secs(started.elapsed())
             ));
             Err(exit_code(&e, args.conflict_exit_code))
@@ -392,15 +500,12 @@ async fn supervise(
 ) -> u8 {
     let key = args.key.as_str();
     let held_since = Instant::now();
-    let guard = held.guard();
-    let lost = guard.keep_alive();
+    let lost = held.keep_alive();
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut command = tokio::process::Command::new(program);
     command
         .args(rest)
-        .env("WAITLOCK_KEY", key)
-        .env("WAITLOCK_FENCE", guard.fence().to_string())
-        .env("WAITLOCK_TOKEN", guard.token())
+        .envs(held.env(key))
         // Its own group, so a lost lock stops everything the command started, not only the
         // command itself.
         .process_group(0);
@@ -415,7 +520,7 @@ async fn supervise(
                 out.error(format!("cannot run {name:?}: {e}"));
                 report::CANNOT_EXECUTE
             };
-            release(held, hold.target(key), out).await;
+            release(held, target(args, hold), out).await;
             return code;
         }
     };
@@ -436,10 +541,10 @@ async fn supervise(
                 signal_group(pgid, sig);
             }
             _ = lost.cancelled(), if lost_at.is_none() => {
-                let why = held.guard().loss().map_or_else(|| "unknown reason".to_owned(), |r| r.to_string());
+                let why = held.loss().unwrap_or_else(|| "unknown reason".to_owned());
                 out.error(format!(
                     "{} lost after {} ({why}): terminating the command (SIGTERM, SIGKILL after {})",
-                    hold.held(key), secs(held_since.elapsed()), secs(args.grace)
+                    held_name(args, hold), secs(held_since.elapsed()), secs(args.grace)
                 ));
                 signal_group(pgid, libc::SIGTERM);
                 lost_at = Some(Instant::now());
@@ -457,7 +562,7 @@ async fn supervise(
             // Not expected: the child was spawned by us and is waited for only here.
             out.error(format!("cannot wait for the command: {e}"));
             signal_group(pgid, libc::SIGKILL);
-            release(held, hold.target(key), out).await;
+            release(held, target(args, hold), out).await;
             return report::SOFTWARE;
         }
     };
@@ -467,9 +572,9 @@ async fn supervise(
         out.error(format!(
             "command terminated {} after the {} was lost (its status: {code})",
             secs(at.elapsed()),
-            hold.held(key)
+            held_name(args, hold)
         ));
-        release(held, hold.target(key), out).await;
+        release(held, target(args, hold), out).await;
         return report::LOST;
     }
     // The library's rule (`run`'s): a release that only came late after the command ended
@@ -480,14 +585,14 @@ async fn supervise(
             out.error(format!(
                 "{} was no longer held when the command exited after {ran} (its status: {code}): \
                  it may have run partly without the lock",
-                hold.target(key)
+                target(args, hold)
             ));
             report::LOST
         }
         Err(e) => {
             out.error(format!(
                 "could not release {} ({}); it expires by its TTL of {}",
-                hold.target(key),
+                target(args, hold),
                 describe(&e, &args.conn.url),
                 secs(args.ttl)
             ));

@@ -68,7 +68,7 @@ pub async fn watch(locker: &Locker, args: &StatusArgs) -> Result<(), Error> {
     let start = Instant::now();
     let snapshot = |at: Instant| {
         println!("--- +{:.3} s ---", at.duration_since(start).as_secs_f64());
-        super::show(locker, args)
+        super::show(locker, args, &args.key)
     };
     snapshot(Instant::now()).await?;
     loop {
