@@ -14,12 +14,12 @@
 //! What it does not give (the atomic path, not built, would): a waiter holds the keys before
 //! the one it waits for, and FIFO holds per key, not per set.
 
-use crate::error::{Error, LossReason, Result};
+use crate::error::{Error, LossReason, Op, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::Lease;
 use crate::hold::run::CatchUnwind;
 use crate::locker::Locker;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, Refresh};
 use crate::strategy::Strategy;
 use std::future::Future;
 use std::panic::resume_unwind;
@@ -39,8 +39,9 @@ const BURST: usize = 512;
 /// A set of held locks, taken together by
 /// [`Locker::acquire_many`] or [`Locker::acquire_many_wait`]: one loss token for the whole
 /// set, one release, a fence per key. Each key's lock is refreshed in the background from the
-/// moment it was taken (the locker's refresher batches them). Dropping it releases every key
-/// in the background.
+/// moment it was taken (the locker's refresher batches them; with [`Refresh::Off`] nothing
+/// is refreshed and the token fires at the first key's validity deadline). Dropping it
+/// releases every key in the background.
 #[must_use = "dropping the set releases its locks at once"]
 pub struct LockSetGuard {
     /// In the order taken (hash slot, then key).
@@ -192,7 +193,9 @@ impl<S: Strategy> Locker<S> {
     ///
     /// Errors: [`Error::InvalidOptions`] (nothing sent) when `opts` has not opted in to
     /// ordered sets (field `ordered_sets`; the value names the keys' hash slots), `keys` is
-    /// empty or has more than [`MAX_SET_KEYS`] keys (field `keys`); [`Error::InvalidKey`] for
+    /// empty or has more than [`MAX_SET_KEYS`] keys (field `keys`), `opts` has a fixed token
+    /// (field `token`: each key gets a generated one, which a dropped attempt can give back),
+    /// or an option is out of range (as for one key); [`Error::InvalidKey`] for
     /// a bad key; [`Error::Locked`] for the first key found held (the keys taken before it
     /// are released before this returns); [`Error::Expired`] when a key taken was lost
     /// before the last was taken; otherwise as [`acquire`](Self::acquire) for the key that
@@ -214,10 +217,15 @@ impl<S: Strategy> Locker<S> {
     /// waited for as [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in
     /// that key's FIFO queue), holding the keys before it. If a key already taken is lost
     /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
-    /// released and the set is taken again from the first, within the same deadline.
+    /// released and the set is taken again from the first, within the same deadline; with
+    /// refresh off ([`Refresh::Off`]: the first keys' TTL elapsing while a later one is waited
+    /// for is such a loss) it returns [`Error::Expired`] instead, so the set is never taken
+    /// round after round.
     ///
     /// Errors: [`Error::WaitTimeout`] at the deadline (naming the key it was waiting for,
-    /// `waited` the whole set's wait; the keys taken are released before it returns);
+    /// `waited` the whole set's wait, `attempts` every attempt the set sent; the keys taken
+    /// are released before it returns), or the connection error or timeout of the last
+    /// attempt at that key when it failed so;
     /// [`Error::Locked`] when `wait` is zero; otherwise as
     /// [`acquire_many`](Self::acquire_many).
     ///
@@ -322,6 +330,16 @@ impl<S: Strategy> Locker<S> {
                 "a set has at most MAX_SET_KEYS (10,000) keys",
             ));
         }
+        opts.validate(first)?;
+        if opts.token().is_some() {
+            return Err(Error::invalid_option(
+                first,
+                "token",
+                "fixed",
+                "a set's keys each get a generated token (a fixed one could not be given back \
+                 when an attempt in flight is dropped)",
+            ));
+        }
         let mut order = Vec::with_capacity(keys.len());
         for key in keys {
             let names = self.engine.names(key.as_ref())?;
@@ -346,7 +364,8 @@ impl<S: Strategy> Locker<S> {
     }
 
     /// Takes `keys` in order (one attempt each, or waiting until `opts`' deadline),
-    /// each kept alive with the set's shared loss token from the moment it is taken.
+    /// each kept alive from the moment its attempt returns, with the set's shared loss token
+    /// once it is known to be kept.
     async fn take_in_order(
         &self,
         keys: &[String],
@@ -354,23 +373,33 @@ impl<S: Strategy> Locker<S> {
         wait: bool,
     ) -> Result<LockSetGuard> {
         let start = Instant::now();
+        // (`validate` checked that the deadline can be formed)
         let deadline = start + opts.wait();
+        // Every attempt the set sent, for `WaitTimeout`.
+        let mut attempts = 0u32;
         'set: loop {
             let lost = CancellationToken::new();
             let mut guards: Vec<LockGuard> = Vec::with_capacity(keys.len());
             // Waiting, the first key, and each key found held, is waited for; the keys after
-            // it are tried all at once (a free set of 1,000 keys costs one round trip's
+            // it are tried all at once (a free set of 1,000 keys costs about one round trip's
             // time, not 1,000), keeping the run of them taken from the first.
             let mut must_wait = wait;
-            while guards.len() < keys.len() {
+            // The last burst's failure when it was a connection error or a timeout: what the
+            // call ends with if the deadline passes before the key is waited for.
+            let mut transient: Option<Error> = None;
+            while guards.len() < keys.len() && !lost.is_cancelled() {
                 let key = &keys[guards.len()];
                 if !must_wait {
                     let burst = &keys[guards.len()..keys.len().min(guards.len() + BURST)];
+                    attempts = attempts.saturating_add(burst.len() as u32);
                     let (taken, failed) = self.attempt_all(burst, opts, &lost).await;
                     guards.extend(taken);
                     match failed {
                         None => {}
-                        Some(_) if wait => must_wait = true,
+                        Some(e) if wait => {
+                            transient = e.is_transient().then_some(e);
+                            must_wait = true;
+                        }
                         Some(e) => {
                             release_all(guards, false).await;
                             return Err(e);
@@ -381,19 +410,16 @@ impl<S: Strategy> Locker<S> {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     release_all(guards, false).await;
-                    return Err(Error::WaitTimeout {
+                    return Err(transient.unwrap_or_else(|| Error::WaitTimeout {
                         key: key.clone(),
                         waited: start.elapsed(),
-                        attempts: 0,
-                    });
+                        attempts,
+                    }));
                 }
                 let opts = opts.clone().with_wait(left);
                 let taken = tokio::select! {
                     biased;
-                    _ = lost.cancelled() => {
-                        release_all(guards, false).await;
-                        continue 'set;
-                    }
+                    _ = lost.cancelled() => break,
                     taken = self.acquire_wait(key, &opts) => taken,
                 };
                 match taken {
@@ -401,14 +427,17 @@ impl<S: Strategy> Locker<S> {
                         guard.keep_alive_with(lost.clone());
                         guards.push(guard);
                         must_wait = false;
+                        attempts = attempts.saturating_add(1);
                     }
                     Err(e) => {
                         release_all(guards, false).await;
                         return Err(match e {
-                            Error::WaitTimeout { key, attempts, .. } => Error::WaitTimeout {
+                            Error::WaitTimeout {
+                                key, attempts: a, ..
+                            } => Error::WaitTimeout {
                                 key,
                                 waited: start.elapsed(),
-                                attempts,
+                                attempts: attempts.saturating_add(a),
                             },
                             e => e,
                         });
@@ -421,7 +450,10 @@ impl<S: Strategy> Locker<S> {
                     .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
                     .unwrap_or_else(|| (keys[0].clone(), LossReason::TokenGone));
                 release_all(guards, false).await;
-                if wait {
+                // Taken again from the first: a key Redis lost (a restart, a failover). Not
+                // when nothing refreshes the keys: the first keys' TTL would elapse again
+                // while a later one is waited for, round after round.
+                if wait && opts.refresh() != Refresh::Off {
                     continue 'set;
                 }
                 return Err(Error::Expired { key, reason });
@@ -430,9 +462,10 @@ impl<S: Strategy> Locker<S> {
         }
     }
 
-    /// One attempt at each of `keys` (in order), all at once. Keeps the run of keys taken from
-    /// the first (each kept alive with `lost`) and releases those taken after the first that
-    /// failed (holding them while waiting for it could deadlock); gives that failure.
+    /// One attempt at each of `keys` (in order), all at once, each key kept alive from the
+    /// moment its attempt returns. Keeps the run of keys taken from the first (their
+    /// keep-alives moved to `lost`) and releases those taken after the first that failed
+    /// (holding them while waiting for it could deadlock); gives that failure.
     async fn attempt_all(
         &self,
         keys: &[String],
@@ -449,7 +482,12 @@ impl<S: Strategy> Locker<S> {
         let mut outcomes: Vec<Option<Result<LockGuard>>> = (0..keys.len()).map(|_| None).collect();
         while let Some(joined) = calls.join_next().await {
             match joined {
-                Ok((i, taken)) => outcomes[i] = Some(taken),
+                Ok((i, taken)) => {
+                    outcomes[i] = Some(taken.map(|mut guard| {
+                        guard.keep_alive();
+                        guard
+                    }))
+                }
                 Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
                 Err(_) => {}
             }
@@ -458,18 +496,21 @@ impl<S: Strategy> Locker<S> {
         for (i, outcome) in outcomes.into_iter().enumerate() {
             match outcome {
                 Some(Ok(mut guard)) if failed.is_none() => {
-                    guard.keep_alive_with(lost.clone());
+                    guard.share_loss(lost);
                     kept.push(guard);
                 }
                 Some(Ok(guard)) => extra.push(guard),
                 Some(Err(e)) if failed.is_none() => failed = Some(e),
+                // Its task was cancelled: the runtime is shutting down.
                 None if failed.is_none() => {
-                    failed = Some(Error::invalid_option(
-                        &keys[i],
-                        "keys",
-                        &keys[i],
-                        "the attempt's task ended without an outcome",
-                    ))
+                    failed = Some(Error::Redis {
+                        key: keys[i].clone(),
+                        op: Op::Acquire,
+                        source: fred::error::Error::new(
+                            fred::error::ErrorKind::Canceled,
+                            "the attempt's task was cancelled (the runtime is shutting down)",
+                        ),
+                    })
                 }
                 _ => {}
             }

@@ -343,6 +343,19 @@ async fn sets_are_checked_and_merged() {
         locker.acquire_many(&["m-a", ""], &set_opts()).await,
         Err(Error::InvalidKey { .. })
     ));
+    // A wait too long to form a deadline, and a fixed token, are refused, not a panic.
+    assert!(matches!(
+        locker
+            .acquire_many_wait(&["m-a", "m-b"], &set_opts().with_wait(Duration::MAX))
+            .await,
+        Err(Error::InvalidOptions { field: "wait", .. })
+    ));
+    assert!(matches!(
+        locker
+            .acquire_many(&["m-a", "m-b"], &set_opts().with_token("mine"))
+            .await,
+        Err(Error::InvalidOptions { field: "token", .. })
+    ));
     let set = locker
         .acquire_many(&["m-b", "m-a", "m-b"], &set_opts())
         .await
@@ -354,4 +367,42 @@ async fn sets_are_checked_and_merged() {
     assert_eq!(sorted, ["m-a", "m-b"]);
     set.release().await.expect("release");
     nothing_left(&locker, &["m-a", "m-b"]).await;
+}
+
+/// With refresh off, the first key's TTL elapsing while a later key is waited for ends the
+/// call with `Expired` naming it (taking the set again would go round until the deadline).
+async fn refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl<S: Strategy>(
+    locker: Locker<S>,
+    other: Locker,
+) {
+    let blocker = other
+        .acquire("r-b", &LockOptions::new())
+        .await
+        .expect("hold r-b");
+    let opts = set_opts()
+        .without_refresh()
+        .with_ttl(Duration::from_millis(300))
+        .with_wait(Duration::from_secs(60));
+    match locker.acquire_many_wait(&["r-a", "r-b"], &opts).await {
+        Err(Error::Expired { key, .. }) => assert_eq!(key, "r-a"),
+        other => panic!("expected Expired on r-a, got {other:?}"),
+    }
+    nothing_left(&locker, &["r-a"]).await;
+    blocker.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn refresh_off_ends_a_long_wait_on_both_strategies() {
+    let server = RedisServer::start();
+    let other = Locker::new(server.client().await);
+    refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl(
+        common::queued_locker(&server.url()).await,
+        other.clone(),
+    )
+    .await;
+    refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl(
+        Locker::new(server.client().await),
+        other,
+    )
+    .await;
 }

@@ -292,6 +292,18 @@ impl LockGuard {
         self.keep_alive_with(CancellationToken::new())
     }
 
+    /// Moves this guard's keep-alive (started with its own token) to `lost`, a set's shared
+    /// token: the lease stays where it was (the refresher reads it again); a loss already
+    /// seen cancels `lost` at once.
+    pub(crate) fn share_loss(&mut self, lost: &CancellationToken) {
+        if self.task.as_ref().is_some_and(|t| t.lost.is_cancelled()) {
+            lost.cancel();
+        }
+        self.stop_task();
+        self.task = None;
+        self.keep_alive_with(lost.clone());
+    }
+
     /// As [`keep_alive`](Self::keep_alive), with `lost` as the loss token (a set's guards
     /// share one: any key lost cancels it). A guard already kept alive keeps its own.
     pub(crate) fn keep_alive_with(&mut self, lost: CancellationToken) -> CancellationToken {
