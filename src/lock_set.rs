@@ -17,7 +17,7 @@
 use crate::error::{Error, LossReason, Op, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::Lease;
-use crate::hold::run::CatchUnwind;
+use crate::hold::run::{section_result, CatchUnwind};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
 use crate::strategy::Strategy;
@@ -294,20 +294,7 @@ impl<S: Strategy> Locker<S> {
         // If this future is dropped here, the guards' drops release them.
         let outcome = CatchUnwind(Box::pin(f(ctx))).await;
         let ended = set.release_after_section().await;
-        let value = match outcome {
-            Ok(value) => value,
-            Err(panic) => resume_unwind(panic),
-        };
-        match ended {
-            Ok(()) => value,
-            Err(e @ Error::Expired { .. }) => Err(e.into()),
-            Err(e) => {
-                // `f` finished while every lock was valid; failing to release only delays
-                // the next holders until the TTL.
-                tracing::warn!(error = %e, "release after critical section failed");
-                value
-            }
-        }
+        section_result(outcome, ended)
     }
 
     /// The set's keys, checked (nothing sent), without duplicates, in the order every caller

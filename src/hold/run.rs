@@ -63,6 +63,15 @@ where
     // If this future is dropped here, the guard's drop stops the keep-alive and releases.
     let outcome = CatchUnwind(Box::pin(f(ctx))).await;
     let ended = guard.release_after_section().await;
+    section_result(outcome, ended)
+}
+
+/// What a critical section returns: `f`'s `outcome` (a panic resumed, now that the lock is
+/// released) unless the release after it (`ended`) says the lock was lost meanwhile.
+pub(crate) fn section_result<T, E: From<Error>>(
+    outcome: std::thread::Result<Result<T, E>>,
+    ended: Result<(), Error>,
+) -> Result<T, E> {
     let value = match outcome {
         Ok(value) => value,
         Err(panic) => resume_unwind(panic),
