@@ -251,16 +251,8 @@ async fn handoffs(
         l.idle().await;
     }
     let mut log = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    log.sort();
     let n = log.len().max(1) as f64;
-    // Each acquisition after the release that preceded it.
-    let mut gaps = Vec::with_capacity(log.len());
-    let mut last_release = released_first;
-    for (at, release) in &log {
-        gaps.push(at.saturating_sub(last_release) as f64 / 1e6);
-        last_release = *release;
-    }
-    gaps.sort_by(f64::total_cmp);
+    let gaps = common::handoff_gaps(&mut log, released_first);
     Point {
         curve,
         x,

@@ -5,8 +5,9 @@
 //! hash slot and then by key, and taken in that order with the single-key lock, each kept
 //! alive from the moment it is taken, under one deadline. Waiting, a key is waited for only
 //! when it was found held; the keys after it are tried all at once (in bursts of [`BURST`]),
-//! keeping the run taken from the first and releasing those after the first held one. Every caller sorts the same way, so
-//! a waiter only ever waits for a key greater than every key it holds: no cycle of waiters,
+//! keeping the run taken from the first and releasing those after the first held one. Every
+//! caller sorts the same way, so a waiter only ever waits for a key greater than every key
+//! it holds: no cycle of waiters,
 //! no deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
 //! set through). Anything that ends the call early (its deadline, an error, a dropped future)
 //! releases every key taken. The keys share one loss token: any key lost cancels it.
@@ -459,26 +460,18 @@ impl<S: Strategy> Locker<S> {
         opts: &LockOptions,
         lost: &CancellationToken,
     ) -> (Vec<LockGuard>, Option<Error>) {
-        // Spawned, so the calls go out together; a dropped call aborts them, and each
-        // attempt's own cancel safety (or a finished one's guard dropping) releases its key.
-        let mut calls = tokio::task::JoinSet::new();
-        for (i, key) in keys.iter().enumerate() {
+        // A dropped call aborts the attempts, and each attempt's own cancel safety (or a
+        // finished one's guard dropping) releases its key.
+        let outcomes = all_at_once(keys.iter().map(|key| {
             let (locker, key, opts) = (self.clone(), key.clone(), opts.clone());
-            calls.spawn(async move { (i, locker.acquire(&key, &opts).await) });
-        }
-        let mut outcomes: Vec<Option<Result<LockGuard>>> = (0..keys.len()).map(|_| None).collect();
-        while let Some(joined) = calls.join_next().await {
-            match joined {
-                Ok((i, taken)) => {
-                    outcomes[i] = Some(taken.map(|mut guard| {
-                        guard.keep_alive();
-                        guard
-                    }))
-                }
-                Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
-                Err(_) => {}
+            async move {
+                locker.acquire(&key, &opts).await.map(|mut guard| {
+                    guard.keep_alive();
+                    guard
+                })
             }
-        }
+        }))
+        .await;
         let (mut kept, mut extra, mut failed) = (Vec::new(), Vec::new(), None);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             match outcome {
@@ -511,23 +504,36 @@ impl<S: Strategy> Locker<S> {
 /// outcome in `guards`' order. A dropped call leaves each guard not yet released to its drop
 /// (a background release).
 async fn release_all(guards: Vec<LockGuard>, after_section: bool) -> Vec<Result<()>> {
-    let count = guards.len();
-    let mut calls = tokio::task::JoinSet::new();
-    for (i, guard) in guards.into_iter().enumerate() {
-        calls.spawn(async move {
-            let ended = if after_section {
-                guard.release_after_section().await
-            } else {
-                guard.release().await
-            };
-            (i, ended)
-        });
+    let ended = all_at_once(guards.into_iter().map(|guard| async move {
+        if after_section {
+            guard.release_after_section().await
+        } else {
+            guard.release().await
+        }
+    }))
+    .await;
+    // (a release whose task was cancelled, the runtime shutting down, was handed to the
+    // guard's drop: a background release)
+    ended.into_iter().map(|e| e.unwrap_or(Ok(()))).collect()
+}
+
+/// Runs `calls` as tasks, so they all go out together; their outcomes in `calls`' order
+/// (`None` for a task cancelled by the runtime shutting down). A panic in one resumes here
+/// (a bug: what the task held was dropped with it). A dropped call aborts the tasks.
+async fn all_at_once<T, F>(calls: impl Iterator<Item = F>) -> Vec<Option<T>>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut outcomes = Vec::new();
+    for (i, call) in calls.enumerate() {
+        tasks.spawn(async move { (i, call.await) });
+        outcomes.push(None);
     }
-    let mut outcomes: Vec<Result<()>> = (0..count).map(|_| Ok(())).collect();
-    while let Some(joined) = calls.join_next().await {
+    while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((i, ended)) => outcomes[i] = ended,
-            // A panic inside a release (a bug): the guard's drop released it in the background.
+            Ok((i, outcome)) => outcomes[i] = Some(outcome),
             Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
             Err(_) => {}
         }

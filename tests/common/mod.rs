@@ -640,6 +640,20 @@ pub fn cpu_us() -> u64 {
     ticks * 10_000 // CLK_TCK = 100 on Linux
 }
 
+/// Handoff gaps in ms, sorted: each acquisition's time after the release that preceded it,
+/// from a log of (acquired at, release started at) in ns, the first after `released_first`.
+pub fn handoff_gaps(log: &mut [(u64, u64)], released_first: u64) -> Vec<f64> {
+    log.sort();
+    let mut gaps = Vec::with_capacity(log.len());
+    let mut last_release = released_first;
+    for (at, release) in log.iter() {
+        gaps.push(at.saturating_sub(last_release) as f64 / 1e6);
+        last_release = *release;
+    }
+    gaps.sort_by(f64::total_cmp);
+    gaps
+}
+
 /// The `p` quantile (0..=1) of sorted values, the nearest rank; NaN when there are none.
 pub fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
