@@ -700,6 +700,39 @@ fn rows() -> Vec<Row> {
                 ]),
             ],
         },
+        // Issue 36: new watchers are read from the back of the queue in two reads (the last 4
+        // members, then the 12 before them, only when the first do not do): the choice is the
+        // one a single read of the last 16 made.
+        Row {
+            name: "new watchers: the back 4 all of the new holder's process, the next from the read before them",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 3 aaaaaaaaaaaa_20000_w2",
+                "ZADD {Q} 4 aaaaaaaaaaaa_20000_w3",
+                "ZADD {Q} 5 aaaaaaaaaaaa_20000_w4",
+                "ZADD {Q} 6 aaaaaaaaaaaa_20000_w5",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some("aaaaaaaaaaaa 20000 w5")),
+                Messages(&[
+                    "aaaaaaaaaaaa: g2 ",
+                    "bbbbbbbbbbbb: w3 20000 ",
+                    "aaaaaaaaaaaa: w3 20000 ",
+                ]),
+                // (one ZRANGE more than a single read of 16 would take)
+                Commands(18),
+            ],
+        },
         // Review 2, finding 2: a waiter that took the free lock as the oldest live waiter
         // (serve's 'self') left a watcher field naming itself, the holder.
         Row {

@@ -120,6 +120,13 @@ local function queue()
     return string.match(m, '^(%S+) (%d+) (.*)$')
   end
 
+  -- A member's pid alone, for `know` (which asks once per pid): the text before its first
+  -- space (a malformed member's may be asked about in vain; `walk` drops the member).
+  local function pid_of(m)
+    local sp = string.find(m, ' ', 1, true)
+    return sp and string.sub(m, 1, sp - 1)
+  end
+
   -- Puts MEMBER at the back of the queue, once. Its score is Redis' clock in microseconds, but
   -- never below the last member's (+1): after the clock steps back, a newcomer still queues
   -- behind every waiter already there (FIFO).
@@ -362,14 +369,14 @@ local function queue()
         full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
         if #heads == 0 then return nil end
         local pids, pre = {}, nil
-        for k, head in ipairs(heads) do pids[k] = (split_member(head)) end
+        for k, head in ipairs(heads) do pids[k] = pid_of(head) end
         if ahead_on and not ahead_was then
           -- (The heads' records in the same HMGET: with few processes, the watchers' are among
           -- them, and `know` reads nothing more.)
           ahead_was, pre = read_fields(pids)
           for n = 1, 2 do
             local m = watcher_of(ahead_was[n])
-            if m then pids[#pids + 1] = (split_member(m)) end
+            if m then pids[#pids + 1] = pid_of(m) end
           end
         end
         know(pids, pre)
@@ -453,28 +460,38 @@ local function queue()
       if m then cur[#cur + 1] = {m = m, at = at} end
     end
     if #cur > 0 then
-      know({(split_member(cur[1].m)), cur[2] and (split_member(cur[2].m))})
+      know({pid_of(cur[1].m), cur[2] and pid_of(cur[2].m)})
       local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
       for j, c in ipairs(cur) do
         if score[j] then cands[#cands + 1] = c end
       end
     end
-    local chosen, pids, tail_read = {}, {}, false
+    local chosen, pids, tail_read = {}, {}, 0
     local function pick(fresh_only, allow_skip, except)
       local j = 1
       while #chosen < 2 do
         if j > #cands then
-          -- New watchers come from the back of the queue, read only when the current ones
-          -- do not do (a busy queue keeps its watchers).
-          if tail_read then return end
-          tail_read = true
-          local tail, tail_pids = redis.call('ZRANGE', q, -16, -1), {}
+          -- New watchers come from the back of the queue (its last 16 members), read only
+          -- when the current ones do not do (a busy queue keeps its watchers), and from the
+          -- back in two reads, the last 4 members first: `pick` goes back to front and most
+          -- often stops there. (The choice is the one a single read of all 16 would make.)
+          if tail_read == 2 then return end
+          tail_read = tail_read + 1
+          local tail, tail_pids
+          if tail_read == 1 then
+            tail = redis.call('ZRANGE', q, -4, -1)
+          else
+            tail = redis.call('ZRANGE', q, -16, -5)
+          end
+          -- (Fewer than 4: the queue has no more.)
+          if #tail < 4 then tail_read = 2 end
+          tail_pids = {}
           for k = #tail, 1, -1 do
             cands[#cands + 1] = {m = tail[k]}
-            tail_pids[#tail_pids + 1] = (split_member(tail[k]))
+            tail_pids[#tail_pids + 1] = pid_of(tail[k])
           end
           know(tail_pids)
-          if j > #cands then return end
+          if j > #cands and tail_read == 2 then return end
         end
         local c = cands[j]
         j = j + 1

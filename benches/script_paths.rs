@@ -1,0 +1,329 @@
+//! Where Redis' time goes, path by path (issue 36): each lock script called directly, with the
+//! arguments the library sends, against a private `redis-server`; the time of every call inside
+//! Redis (its Lua and its commands) read from `SLOWLOG`, its commands from `INFO commandstats`.
+//!
+//! ```sh
+//! cargo bench --bench script_paths                              # this build's scripts
+//! BENCH_SCRIPTS_FROM=<rev> cargo bench --bench script_paths     # and <rev>'s, call for call
+//! cargo bench --bench script_paths -- --quick                   # fewer cycles
+//! ```
+//!
+//! Paths: a take of a free key and its release, nobody queued (the uncontended pair); a release
+//! that grants to the head of a queue of 31 waiters over 4 listening processes, the old holder's
+//! queueing attempt behind the new one, and a watcher's look (the back waiter's attempt on the
+//! held key), the contention bench's 8 x 4 handoff without the clients. With
+//! `BENCH_SCRIPTS_FROM`, the scripts of that commit (`git show`) run on their own keys, each
+//! cycle calling both versions in turn, so that a noisy machine slows both alike.
+//!
+//! This is a diagnostic: the server is warm and nothing else runs, so a script here takes
+//! about a third of its time in the contention bench, where Redis is preempted between calls.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{command_calls, RedisServer};
+use std::collections::VecDeque;
+use waitlock::fred::prelude::*;
+use waitlock::fred::types::CustomCommand;
+
+/// Waiters in the queue, over this many processes (the contention bench's 8 x 4, less the holder).
+const PROCESSES: usize = 4;
+const WORKERS: usize = 32;
+const TTL_MS: u64 = 10_000;
+
+/// One version of the scripts, on its own keys.
+struct Version {
+    name: String,
+    acquire: String,
+    release: String,
+    /// The contended key's names, and the free key's.
+    busy: Vec<String>,
+    free: Vec<String>,
+}
+
+/// A waiter: its process id, token and queue member (`"<pid> <ttl> <token>"`).
+#[derive(Clone)]
+struct Waiter {
+    pid: String,
+    token: String,
+    member: String,
+}
+
+/// The paths measured, in the order they are printed.
+const PATHS: [&str; 5] = [
+    "take, free key",
+    "release, nobody queued",
+    "release that grants",
+    "queueing attempt",
+    "watcher's look",
+];
+
+async fn custom(c: &Client, words: Vec<String>) -> Value {
+    let (head, rest) = words.split_first().expect("a command");
+    c.custom(
+        CustomCommand::new(head.clone(), None::<u16>, false),
+        rest.to_vec(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{head}: {e}"))
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Integer(n) => *n,
+        other => panic!("expected an integer, got {other:?}"),
+    }
+}
+
+/// The script `name` of commit `rev`, composed as `src/redis/scripts.rs` composes it.
+fn script_at(rev: &str, name: &str) -> String {
+    ["queue", "lock", name]
+        .iter()
+        .map(|f| {
+            let path = format!("{rev}:src/redis/lua/{f}.lua");
+            let out = std::process::Command::new("git")
+                .args(["show", &path])
+                .output()
+                .unwrap_or_else(|e| panic!("git show {path}: {e}"));
+            assert!(
+                out.status.success(),
+                "git show {path}: {} (BENCH_SCRIPTS_FROM needs a commit with the queue layer's \
+                 files, src/redis/lua/queue.lua and lock.lua)",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            String::from_utf8(out.stdout).expect("utf-8 script")
+        })
+        .collect()
+}
+
+fn names(tag: &str) -> Vec<String> {
+    let k = format!("{{bench:{tag}}}");
+    vec![
+        k.clone(),
+        format!("{k}:fence"),
+        format!("{k}:q"),
+        format!("{k}:p"),
+    ]
+}
+
+impl Version {
+    /// The EVALSHA words of a call by `w` of `sha` on `keys`.
+    fn call(sha: &str, keys: &[String], w: &Waiter) -> Vec<String> {
+        let mut words = vec!["EVALSHA".to_owned(), sha.to_owned(), keys.len().to_string()];
+        words.extend(keys.iter().cloned());
+        words.extend([
+            w.token.clone(),
+            TTL_MS.to_string(),
+            waitlock::DEFAULT_RETENTION.as_millis().to_string(),
+            waitlock::DEFAULT_CLAIM_WINDOW.as_millis().to_string(),
+            waitlock::DEFAULT_PRESENCE_WINDOW.as_millis().to_string(),
+            w.member.clone(),
+            w.pid.clone(),
+            String::new(),
+            String::new(),
+        ]);
+        words
+    }
+}
+
+/// Runs one call and returns its reply code and its time inside Redis (µs, from the newest
+/// SLOWLOG entry, which is this call's: nothing else sends commands).
+async fn timed(c: &Client, words: Vec<String>) -> (i64, i64) {
+    let reply = custom(c, words).await;
+    let code = match &reply {
+        Value::Array(v) if !v.is_empty() => int(&v[0]),
+        other => panic!("unexpected reply {other:?}"),
+    };
+    let log = custom(c, vec!["SLOWLOG".into(), "GET".into(), "1".into()]).await;
+    let us = match log {
+        Value::Array(entries) => match entries.first() {
+            Some(Value::Array(e)) if e.len() > 2 => int(&e[2]),
+            other => panic!("unexpected SLOWLOG entry {other:?}"),
+        },
+        other => panic!("unexpected SLOWLOG reply {other:?}"),
+    };
+    (code, us)
+}
+
+/// Commands Redis ran so far, `EVALSHA` included, the bench's own (INFO, SLOWLOG, CONFIG) not.
+async fn commands(c: &Client) -> u64 {
+    let info: String = custom(c, vec!["INFO".into(), "commandstats".into()])
+        .await
+        .convert()
+        .expect("INFO text");
+    command_calls(&info)
+        .iter()
+        .filter(|(name, _)| {
+            // (Redis 7 names subcommands "config|set", "slowlog|get".)
+            let command = name.split('|').next().unwrap_or_default();
+            !matches!(command, "info" | "slowlog" | "config")
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// One version's contended queue: its holder and its waiters, oldest first.
+struct Queue {
+    holder: Waiter,
+    waiting: VecDeque<Waiter>,
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let cycles = if quick { 300 } else { 2_000 };
+    let server = RedisServer::start();
+    let c = server.client().await;
+    // Every call logged: `timed` reads its time from the newest entry.
+    for (k, v) in [("slowlog-log-slower-than", "0"), ("slowlog-max-len", "16")] {
+        custom(&c, vec!["CONFIG".into(), "SET".into(), k.into(), v.into()]).await;
+    }
+
+    let mut versions = vec![Version {
+        name: "this build".into(),
+        acquire: waitlock::scripts::ACQUIRE.into(),
+        release: waitlock::scripts::RELEASE.into(),
+        busy: names("busy0"),
+        free: names("free0"),
+    }];
+    if let Ok(rev) = std::env::var("BENCH_SCRIPTS_FROM") {
+        versions.push(Version {
+            name: rev.clone(),
+            acquire: script_at(&rev, "acquire"),
+            release: script_at(&rev, "release"),
+            busy: names("busy1"),
+            free: names("free1"),
+        });
+    }
+    let mut shas = Vec::new();
+    for v in &versions {
+        let load = |src: &String| {
+            let (c, src) = (c.clone(), src.clone());
+            async move {
+                custom(&c, vec!["SCRIPT".into(), "LOAD".into(), src])
+                    .await
+                    .convert::<String>()
+                    .expect("sha")
+            }
+        };
+        shas.push((load(&v.acquire).await, load(&v.release).await));
+    }
+
+    // The processes, one subscriber connection each, listening on every version's key.
+    let pids: Vec<String> = (0..PROCESSES)
+        .map(|i| format!("{:012x}", 0xbe0c_0000 + i))
+        .collect();
+    let mut subscribers = Vec::new();
+    for pid in &pids {
+        let sub = waitlock::fred::clients::SubscriberClient::new(
+            Config::from_url(&server.url()).expect("url"),
+            None,
+            None,
+            None,
+        );
+        sub.init().await.expect("subscriber");
+        for v in &versions {
+            sub.ssubscribe(format!("{}:w:{pid}", v.busy[0]))
+                .await
+                .expect("ssubscribe");
+        }
+        subscribers.push(sub);
+    }
+    let waiter = |i: usize| {
+        let pid = pids[i % PROCESSES].clone();
+        let token = format!("{pid}/{}", uuid::Uuid::new_v4().simple());
+        let member = format!("{pid} {TTL_MS} {token}");
+        Waiter { pid, token, member }
+    };
+
+    // Each version's queue: the first worker holds, the others queue behind it.
+    let mut queues = Vec::new();
+    for (v, (acq, _)) in versions.iter().zip(&shas) {
+        let ws: Vec<Waiter> = (0..WORKERS).map(waiter).collect();
+        let (code, _) = timed(&c, Version::call(acq, &v.busy, &ws[0])).await;
+        assert_eq!(code, 0, "{}: the first take", v.name);
+        for w in &ws[1..] {
+            let (code, _) = timed(&c, Version::call(acq, &v.busy, w)).await;
+            assert_eq!(code, 2, "{}: a waiter queues", v.name);
+        }
+        queues.push(Queue {
+            holder: ws[0].clone(),
+            waiting: ws[1..].iter().cloned().collect(),
+        });
+    }
+    let lone = waiter(0);
+
+    // Per version and path: the times (µs), then the commands of a counting pass.
+    let mut times = vec![vec![Vec::with_capacity(cycles); PATHS.len()]; versions.len()];
+    let mut counted = vec![vec![0u64; PATHS.len()]; versions.len()];
+    let passes = [(cycles, false), (50, true)];
+    for (n, counting) in passes {
+        for cycle in 0..n {
+            // (Each version first every other cycle: neither gains from going second.)
+            let mut order: Vec<usize> = (0..versions.len()).collect();
+            if cycle % 2 == 1 {
+                order.reverse();
+            }
+            for vi in order {
+                let v = &versions[vi];
+                let (acq, rel) = &shas[vi];
+                let q = &mut queues[vi];
+                let next = q.waiting.pop_front().expect("a waiter");
+                let back = q.waiting.back().expect("a waiter").clone();
+                let calls = [
+                    (Version::call(acq, &v.free, &lone), 0),
+                    (Version::call(rel, &v.free, &lone), 1),
+                    (Version::call(rel, &v.busy, &q.holder), 2),
+                    (Version::call(acq, &v.busy, &q.holder), 2),
+                    (Version::call(acq, &v.busy, &back), 2),
+                ];
+                for (p, (words, want)) in calls.into_iter().enumerate() {
+                    let before = if counting { commands(&c).await } else { 0 };
+                    let (code, us) = timed(&c, words).await;
+                    assert_eq!(code, want, "{}: {}", v.name, PATHS[p]);
+                    if counting {
+                        // (Less the SLOWLOG GET of `timed`, counted as "slowlog" anyway.)
+                        counted[vi][p] += commands(&c).await - before;
+                    } else {
+                        times[vi][p].push(us as f64);
+                    }
+                }
+                let old = std::mem::replace(&mut q.holder, next);
+                q.waiting.push_back(old);
+            }
+        }
+    }
+
+    println!(
+        "waitlock script paths: {cycles} cycles, {WORKERS} workers over {PROCESSES} processes, \
+         Redis' time per call (SLOWLOG, µs) and commands per call (EVALSHA included)"
+    );
+    let stats = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let mut medians = Vec::new();
+    for (vi, v) in versions.iter().enumerate() {
+        println!("\n{}", v.name);
+        let mut med = Vec::new();
+        for (p, path) in PATHS.iter().enumerate() {
+            let (p50, mean) = stats(&mut times[vi][p]);
+            let cmds = counted[vi][p] as f64 / 50.0;
+            println!("  {path:<24} p50 {p50:>6.1} µs  mean {mean:>6.1} µs  commands {cmds:>5.2}");
+            med.push(p50);
+        }
+        println!(
+            "  = uncontended pair p50 {:.1} µs; contended acquisition (grant + attempt) p50 {:.1} µs",
+            med[0] + med[1],
+            med[2] + med[3]
+        );
+        medians.push(med);
+    }
+    if medians.len() == 2 {
+        println!("\nthis build / {}, p50:", versions[1].name);
+        for (p, path) in PATHS.iter().enumerate() {
+            println!("  {path:<24} {:.2}", medians[0][p] / medians[1][p]);
+        }
+    }
+    drop(subscribers);
+}
