@@ -102,29 +102,8 @@ local function queue()
 
   local function listener(pid) return listeners({pid})[1] end
 
-  local function publish(how, pid, msg)
-    if how == 's' then
-      redis.call('SPUBLISH', channel(pid), msg)
-    else
-      redis.call('PUBLISH', channel(pid), msg)
-    end
-  end
-
-  -- Tells `token`'s waiter in process `pid` (listening `how`) that it holds the key for `px`
-  -- ms with fence `f`, from Redis' time now: the 'g2' message.
-  local function grant(how, pid, f, px, token)
-    publish(how, pid, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
-  end
-
   local function split_member(m)
     return string.match(m, '^(%S+) (%d+) (.*)$')
-  end
-
-  -- A member's pid alone, for `know` (which asks once per pid): the text before its first
-  -- space (a malformed member's may be asked about in vain; `walk` drops the member).
-  local function pid_of(m)
-    local sp = string.find(m, ' ', 1, true)
-    return sp and string.sub(m, 1, sp - 1)
   end
 
   -- Puts MEMBER at the back of the queue, once. Its score is Redis' clock in microseconds, but
@@ -280,145 +259,6 @@ local function queue()
     if redis.call('EXISTS', pkey) == 1 then redis.call('HSET', pkey, pid, LAPSED) end
   end
 
-  -- What a queue walk knows of each process (asked once per call): listening how, and
-  -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
-  -- (nobody listens, or its short grant lapsed).
-  local known = {}
-  local function judge(rec, how)
-    local k = {lapsed = rec == LAPSED, how = how}
-    -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
-    -- clock is behind) says nothing of the process: not fresh.
-    local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
-    if not k.how then
-      k.is = 'gone'
-    elseif d and d >= 0 and d <= PRESENCE then
-      k.is = 'fresh'
-    else
-      k.is = 'stale'
-    end
-    return k
-  end
-
-  -- Learns what `process` says of each of `pids` not known yet, in one read of their records
-  -- (none for those whose record `pre` has, from `read_fields`) and one (or, for classic
-  -- pub/sub, two) of their listeners, whatever their number.
-  local function know(pids, pre)
-    local ask, asked, unread = {}, {}, {}
-    pre = pre or {}
-    for _, pid in ipairs(pids) do
-      if pid and not known[pid] and not asked[pid] then
-        asked[pid] = true
-        ask[#ask + 1] = pid
-        if pre[pid] == nil then unread[#unread + 1] = pid end
-      end
-    end
-    if #ask == 0 then return end
-    if #unread > 0 then
-      local r = redis.call('HMGET', pkey, unpack(unread))
-      for j, pid in ipairs(unread) do pre[pid] = r[j] or false end
-    end
-    local recs = {}
-    for j, pid in ipairs(ask) do recs[j] = pre[pid] or nil end
-    -- A lapsed process is gone whoever listens: only the others are asked about. (A due
-    -- record reads as written: see `seen`.)
-    local live, of = {}, {}
-    for j, pid in ipairs(ask) do
-      if pid == due then recs[j] = math.floor(now_us() / 1000) end
-      if recs[j] ~= LAPSED then
-        live[#live + 1] = pid
-        of[#live] = j
-      end
-    end
-    local hows = {}
-    for n, how in pairs(listeners(live)) do hows[of[n]] = how end
-    for j, pid in ipairs(ask) do known[pid] = judge(recs[j], hows[j]) end
-  end
-
-  local function process(pid)
-    if not known[pid] then know({pid}) end
-    return known[pid]
-  end
-
-  -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
-  -- `ahead(true)`), so that the watchers' processes are learnt with the heads', in one HMGET
-  -- of records and one PUBSUB call; the `watch` that follows uses that read (nothing writes
-  -- those fields in between).
-  local ahead_on, ahead_was = false, nil
-
-  -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
-  -- script. A member of a process that is gone (nobody listens, or it lapsed) is dropped; a
-  -- lapsed process that still listens is told ('d2') once, so its waiters do not sleep out of
-  -- the queue. `visit(m)` sees every other member, the caller's own too (`m.own`: `self`, or
-  -- any member of `own_token`), with `m.pid`, `m.ttl`, `m.token`, and `m.p`
-  -- (`process(m.pid)`, not for the caller's own) and answers 'take' (it leaves the queue and
-  -- the walk goes on), 'last' (it leaves and the walk ends), 'stop' (it stays and the walk
-  -- ends) or nil (it stays and the walk goes on). A malformed member is dropped. The members
-  -- that leave go in one ZREM. Returns whether the walk ended by `visit`, whether it saw SCAN
-  -- members (more may be left), how many left the queue, and whether members are left behind
-  -- the last one it visited (nil: not known without asking).
-  local function walk(self, own_token, visit)
-    local out, stopped = {}, false
-    -- Heads are read a few at a time (most walks stop at the first live one), SCAN at most:
-    -- `from` heads read so far, `heads` the last batch, `i` its members visited.
-    local from, heads, i, size, full = 0, {}, 0, 8, true
-    local function next_head()
-      if i == #heads then
-        if not full or from >= SCAN then return nil end
-        local n = math.min(size, SCAN - from)
-        heads = redis.call('ZRANGE', q, from, from + n - 1)
-        full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
-        if #heads == 0 then return nil end
-        local pids, pre = {}, nil
-        for k, head in ipairs(heads) do pids[k] = pid_of(head) end
-        if ahead_on and not ahead_was then
-          -- (The heads' records in the same HMGET: with few processes, the watchers' are among
-          -- them, and `know` reads nothing more.)
-          ahead_was, pre = read_fields(pids)
-          for n = 1, 2 do
-            local m = watcher_of(ahead_was[n])
-            if m then pids[#pids + 1] = pid_of(m) end
-          end
-        end
-        know(pids, pre)
-      end
-      i = i + 1
-      return heads[i]
-    end
-    while true do
-      local head = next_head()
-      if not head then break end
-      local pid, ttl, token = split_member(head)
-      local m = {member = head, pid = pid, ttl = ttl and tonumber(ttl), token = token}
-      m.own = head == self or (own_token ~= nil and token == own_token)
-      local verdict
-      if not pid then
-        verdict = 'take'
-      elseif m.own then
-        verdict = visit(m)
-      else
-        m.p = process(pid)
-        if m.p.lapsed and not m.p.told then
-          -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
-          -- know, or they sleep with nobody to wake them.
-          m.p.told = true
-          local how = listener(pid)
-          if how then publish(how, pid, 'd2') end
-        end
-        if m.p.is == 'gone' then verdict = 'take' else verdict = visit(m) end
-      end
-      if verdict == 'take' or verdict == 'last' then out[#out + 1] = head end
-      if verdict == 'last' or verdict == 'stop' then
-        stopped = true
-        break
-      end
-    end
-    if #out > 0 then redis.call('ZREM', q, unpack(out)) end
-    -- Members behind the last one visited: true, false, or nil (not read: maybe).
-    local behind = i < #heads or nil
-    if not behind and not full then behind = false end
-    return stopped, from - (#heads - i) == SCAN, #out, behind
-  end
-
   -- Watchers: two queued waiters of two processes look at the key when the lease that ends
   -- first ends (a holder that crashed or overstays, or a short grant that lapsed, is then
   -- served at once). They are recorded in the processes hash as '!w1' / '!w2' = "<ms when it
@@ -428,123 +268,293 @@ local function queue()
   -- the back of the queue, which is granted last.
   local WATCHERS = {'!w1', '!w2'}
 
-  -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see
-  -- `ahead_on`); `ahead(false)`: no `watch` follows, or a field was written (forgotten).
-  local function ahead(on)
-    ahead_on, ahead_was = on, nil
-  end
+  -- The walk, the grants and the watchers' choice, built (once) only when a call needs them:
+  -- a queueing attempt or a watcher's look does not (their closures were 6% of its time).
+  local walk_fns
+  local function walking()
+    if walk_fns then return walk_fns end
+    local function publish(how, pid, msg)
+      if how == 's' then
+        redis.call('SPUBLISH', channel(pid), msg)
+      else
+        redis.call('PUBLISH', channel(pid), msg)
+      end
+    end
 
-  -- Keeps the watchers fit after a change: `skip` the process of a new holder (its watchers
-  -- would fail with it), `px` the lease that now ends first (ms from now; 0: the key is free,
-  -- look now). Two watchers of two other processes, fresh ones first (a frozen process is not
-  -- fresh), current ones before new ones (a new one costs a message); when fewer than two
-  -- other processes wait, from the skipped one too. A kept watcher that would look later than
-  -- the lease ends is told again; with `later` (a refresh) also one that would look earlier, so
-  -- that watchers of a lock held long make no calls. Permits pass `skip` as a set of pids (the
-  -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
-  -- other is left, `last` (the process whose lease ends first) last. `kept`: the caller gives
-  -- the processes hash its expiry after this call (else a hash this call made gets one).
-  -- `holder` (a lock's change of holder): the new holder's pid, '!h', written with the
-  -- watchers (and the due record, see `seen`) in one HSET, where a field changes ('': not
-  -- known, '!h' goes).
-  local function watch(skip, px, later, fill, last, kept, holder)
-    local skips = skip
-    if type(skip) ~= 'table' then skips = {[skip] = true} end
-    local until_ms = math.floor(now_us() / 1000) + px
-    local cands, was = {}, ahead_was or read_fields()
-    ahead(false)
-    use_hint(was)
-    local cur = {}
-    for i = 1, 2 do
-      local m, at = watcher_of(was[i])
-      if m then cur[#cur + 1] = {m = m, at = at} end
+    -- Tells `token`'s waiter in process `pid` (listening `how`) that it holds the key for `px`
+    -- ms with fence `f`, from Redis' time now: the 'g2' message.
+    local function grant(how, pid, f, px, token)
+      publish(how, pid, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
     end
-    if #cur > 0 then
-      know({pid_of(cur[1].m), cur[2] and pid_of(cur[2].m)})
-      local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
-      for j, c in ipairs(cur) do
-        if score[j] then cands[#cands + 1] = c end
+
+    -- A member's pid alone, for `know` (which asks once per pid): the text before its first
+    -- space (a malformed member's may be asked about in vain; `walk` drops the member).
+    local function pid_of(m)
+      local sp = string.find(m, ' ', 1, true)
+      return sp and string.sub(m, 1, sp - 1)
+    end
+
+    -- What a queue walk knows of each process (asked once per call): listening how, and
+    -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
+    -- (nobody listens, or its short grant lapsed).
+    local known = {}
+    local function judge(rec, how)
+      local k = {lapsed = rec == LAPSED, how = how}
+      -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
+      -- clock is behind) says nothing of the process: not fresh.
+      local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
+      if not k.how then
+        k.is = 'gone'
+      elseif d and d >= 0 and d <= PRESENCE then
+        k.is = 'fresh'
+      else
+        k.is = 'stale'
       end
+      return k
     end
-    local chosen, pids, tail_read = {}, {}, 0
-    local function pick(fresh_only, allow_skip, except)
-      local j = 1
-      while #chosen < 2 do
-        if j > #cands then
-          -- New watchers come from the back of the queue (its last 16 members), read only
-          -- when the current ones do not do (a busy queue keeps its watchers), and from the
-          -- back in two reads, the last 4 members first: `pick` goes back to front and most
-          -- often stops there. (The choice is the one a single read of all 16 would make.)
-          if tail_read == 2 then return end
-          tail_read = tail_read + 1
-          local tail, tail_pids
-          if tail_read == 1 then
-            tail = redis.call('ZRANGE', q, -4, -1)
-          else
-            tail = redis.call('ZRANGE', q, -16, -5)
-          end
-          -- (Fewer than 4: the queue has no more.)
-          if #tail < 4 then tail_read = 2 end
-          tail_pids = {}
-          for k = #tail, 1, -1 do
-            cands[#cands + 1] = {m = tail[k]}
-            tail_pids[#tail_pids + 1] = pid_of(tail[k])
-          end
-          know(tail_pids)
-          if j > #cands and tail_read == 2 then return end
-        end
-        local c = cands[j]
-        j = j + 1
-        local wpid, _, wtoken = split_member(c.m)
-        if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
-          local p = process(wpid)
-          if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
-            pids[wpid] = true
-            c.pid, c.token, c.how = wpid, wtoken, p.how
-            chosen[#chosen + 1] = c
-          end
+
+    -- Learns what `process` says of each of `pids` not known yet, in one read of their records
+    -- (none for those whose record `pre` has, from `read_fields`) and one (or, for classic
+    -- pub/sub, two) of their listeners, whatever their number.
+    local function know(pids, pre)
+      local ask, asked, unread = {}, {}, {}
+      pre = pre or {}
+      for _, pid in ipairs(pids) do
+        if pid and not known[pid] and not asked[pid] then
+          asked[pid] = true
+          ask[#ask + 1] = pid
+          if pre[pid] == nil then unread[#unread + 1] = pid end
         end
       end
-    end
-    pick(true, false)
-    pick(false, false)
-    -- Fewer than two other processes wait: the second watcher (or both) from the holder's
-    -- own process, better than none. (A holder that overstays its lease without a fault,
-    -- with the only other process frozen, would leave its own process's waiters asleep.)
-    if #chosen < 2 or fill then
-      if fill and last then pick(false, true, last) end
-      pick(false, true)
-    end
-    -- Written only where a field changes (a kept watcher that is not told again keeps its),
-    -- in one HSET (then one HDEL: the hash is not emptied on the way).
-    local writes, fresh, gone = {}, 0, {}
-    local function put(n, field, v)
-      if was[n] == v then return end
-      writes[#writes + 1] = field
-      writes[#writes + 1] = v
-      if not was[n] then fresh = fresh + 1 end
-    end
-    for i = 1, 2 do
-      local c = chosen[i]
-      if c then
-        if not c.at or until_ms < c.at or (later and until_ms > c.at) then
-          publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
-          c.at = until_ms
-        end
-        put(i, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
-      elseif was[i] then
-        gone[#gone + 1] = WATCHERS[i]
+      if #ask == 0 then return end
+      if #unread > 0 then
+        local r = redis.call('HMGET', pkey, unpack(unread))
+        for j, pid in ipairs(unread) do pre[pid] = r[j] or false end
       end
+      local recs = {}
+      for j, pid in ipairs(ask) do recs[j] = pre[pid] or nil end
+      -- A lapsed process is gone whoever listens: only the others are asked about. (A due
+      -- record reads as written: see `seen`.)
+      local live, of = {}, {}
+      for j, pid in ipairs(ask) do
+        if pid == due then recs[j] = math.floor(now_us() / 1000) end
+        if recs[j] ~= LAPSED then
+          live[#live + 1] = pid
+          of[#live] = j
+        end
+      end
+      local hows = {}
+      for n, how in pairs(listeners(live)) do hows[of[n]] = how end
+      for j, pid in ipairs(ask) do known[pid] = judge(recs[j], hows[j]) end
     end
-    if holder == '' then
-      if was[3] then gone[#gone + 1] = '!h' end
-    elseif holder then
-      put(3, '!h', holder)
+
+    local function process(pid)
+      if not known[pid] then know({pid}) end
+      return known[pid]
     end
-    flush(writes, fresh)
-    if #gone > 0 then redis.call('HDEL', pkey, unpack(gone)) end
-    -- (`kept`: the caller sets the hash's expiry after this.)
-    if #chosen > 0 and not kept then retain() end
+
+    -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
+    -- `ahead(true)`), so that the watchers' processes are learnt with the heads', in one HMGET
+    -- of records and one PUBSUB call; the `watch` that follows uses that read (nothing writes
+    -- those fields in between).
+    local ahead_on, ahead_was = false, nil
+
+    -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
+    -- script. A member of a process that is gone (nobody listens, or it lapsed) is dropped; a
+    -- lapsed process that still listens is told ('d2') once, so its waiters do not sleep out of
+    -- the queue. `visit(m)` sees every other member, the caller's own too (`m.own`: `self`, or
+    -- any member of `own_token`), with `m.pid`, `m.ttl`, `m.token`, and `m.p`
+    -- (`process(m.pid)`, not for the caller's own) and answers 'take' (it leaves the queue and
+    -- the walk goes on), 'last' (it leaves and the walk ends), 'stop' (it stays and the walk
+    -- ends) or nil (it stays and the walk goes on). A malformed member is dropped. The members
+    -- that leave go in one ZREM. Returns whether the walk ended by `visit`, whether it saw SCAN
+    -- members (more may be left), how many left the queue, and whether members are left behind
+    -- the last one it visited (nil: not known without asking).
+    local function walk(self, own_token, visit)
+      local out, stopped = {}, false
+      -- Heads are read a few at a time (most walks stop at the first live one), SCAN at most:
+      -- `from` heads read so far, `heads` the last batch, `i` its members visited.
+      local from, heads, i, size, full = 0, {}, 0, 8, true
+      local function next_head()
+        if i == #heads then
+          if not full or from >= SCAN then return nil end
+          local n = math.min(size, SCAN - from)
+          heads = redis.call('ZRANGE', q, from, from + n - 1)
+          full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
+          if #heads == 0 then return nil end
+          local pids, pre = {}, nil
+          for k, head in ipairs(heads) do pids[k] = pid_of(head) end
+          if ahead_on and not ahead_was then
+            -- (The heads' records in the same HMGET: with few processes, the watchers' are among
+            -- them, and `know` reads nothing more.)
+            ahead_was, pre = read_fields(pids)
+            for n = 1, 2 do
+              local m = watcher_of(ahead_was[n])
+              if m then pids[#pids + 1] = pid_of(m) end
+            end
+          end
+          know(pids, pre)
+        end
+        i = i + 1
+        return heads[i]
+      end
+      while true do
+        local head = next_head()
+        if not head then break end
+        local pid, ttl, token = split_member(head)
+        local m = {member = head, pid = pid, ttl = ttl and tonumber(ttl), token = token}
+        m.own = head == self or (own_token ~= nil and token == own_token)
+        local verdict
+        if not pid then
+          verdict = 'take'
+        elseif m.own then
+          verdict = visit(m)
+        else
+          m.p = process(pid)
+          if m.p.lapsed and not m.p.told then
+            -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
+            -- know, or they sleep with nobody to wake them.
+            m.p.told = true
+            local how = listener(pid)
+            if how then publish(how, pid, 'd2') end
+          end
+          if m.p.is == 'gone' then verdict = 'take' else verdict = visit(m) end
+        end
+        if verdict == 'take' or verdict == 'last' then out[#out + 1] = head end
+        if verdict == 'last' or verdict == 'stop' then
+          stopped = true
+          break
+        end
+      end
+      if #out > 0 then redis.call('ZREM', q, unpack(out)) end
+      -- Members behind the last one visited: true, false, or nil (not read: maybe).
+      local behind = i < #heads or nil
+      if not behind and not full then behind = false end
+      return stopped, from - (#heads - i) == SCAN, #out, behind
+    end
+
+    -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see
+    -- `ahead_on`); `ahead(false)`: no `watch` follows, or a field was written (forgotten).
+    local function ahead(on)
+      ahead_on, ahead_was = on, nil
+    end
+
+    -- Keeps the watchers fit after a change: `skip` the process of a new holder (its watchers
+    -- would fail with it), `px` the lease that now ends first (ms from now; 0: the key is free,
+    -- look now). Two watchers of two other processes, fresh ones first (a frozen process is not
+    -- fresh), current ones before new ones (a new one costs a message); when fewer than two
+    -- other processes wait, from the skipped one too. A kept watcher that would look later than
+    -- the lease ends is told again; with `later` (a refresh) also one that would look earlier, so
+    -- that watchers of a lock held long make no calls. Permits pass `skip` as a set of pids (the
+    -- holders' processes) and `fill`: both fields are filled, from the skipped processes when no
+    -- other is left, `last` (the process whose lease ends first) last. `kept`: the caller gives
+    -- the processes hash its expiry after this call (else a hash this call made gets one).
+    -- `holder` (a lock's change of holder): the new holder's pid, '!h', written with the
+    -- watchers (and the due record, see `seen`) in one HSET, where a field changes ('': not
+    -- known, '!h' goes).
+    local function watch(skip, px, later, fill, last, kept, holder)
+      local skips = skip
+      if type(skip) ~= 'table' then skips = {[skip] = true} end
+      local until_ms = math.floor(now_us() / 1000) + px
+      local cands, was = {}, ahead_was or read_fields()
+      ahead(false)
+      use_hint(was)
+      local cur = {}
+      for i = 1, 2 do
+        local m, at = watcher_of(was[i])
+        if m then cur[#cur + 1] = {m = m, at = at} end
+      end
+      if #cur > 0 then
+        know({pid_of(cur[1].m), cur[2] and pid_of(cur[2].m)})
+        local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
+        for j, c in ipairs(cur) do
+          if score[j] then cands[#cands + 1] = c end
+        end
+      end
+      local chosen, pids, tail_read = {}, {}, 0
+      local function pick(fresh_only, allow_skip, except)
+        local j = 1
+        while #chosen < 2 do
+          if j > #cands then
+            -- New watchers come from the back of the queue (its last 16 members), read only
+            -- when the current ones do not do (a busy queue keeps its watchers), and from the
+            -- back in two reads, the last 4 members first: `pick` goes back to front and most
+            -- often stops there. (The choice is the one a single read of all 16 would make.)
+            if tail_read == 2 then return end
+            tail_read = tail_read + 1
+            local tail, tail_pids
+            if tail_read == 1 then
+              tail = redis.call('ZRANGE', q, -4, -1)
+            else
+              tail = redis.call('ZRANGE', q, -16, -5)
+            end
+            -- (Fewer than 4: the queue has no more.)
+            if #tail < 4 then tail_read = 2 end
+            tail_pids = {}
+            for k = #tail, 1, -1 do
+              cands[#cands + 1] = {m = tail[k]}
+              tail_pids[#tail_pids + 1] = pid_of(tail[k])
+            end
+            know(tail_pids)
+            if j > #cands and tail_read == 2 then return end
+          end
+          local c = cands[j]
+          j = j + 1
+          local wpid, _, wtoken = split_member(c.m)
+          if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
+            local p = process(wpid)
+            if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
+              pids[wpid] = true
+              c.pid, c.token, c.how = wpid, wtoken, p.how
+              chosen[#chosen + 1] = c
+            end
+          end
+        end
+      end
+      pick(true, false)
+      pick(false, false)
+      -- Fewer than two other processes wait: the second watcher (or both) from the holder's
+      -- own process, better than none. (A holder that overstays its lease without a fault,
+      -- with the only other process frozen, would leave its own process's waiters asleep.)
+      if #chosen < 2 or fill then
+        if fill and last then pick(false, true, last) end
+        pick(false, true)
+      end
+      -- Written only where a field changes (a kept watcher that is not told again keeps its),
+      -- in one HSET (then one HDEL: the hash is not emptied on the way).
+      local writes, fresh, gone = {}, 0, {}
+      local function put(n, field, v)
+        if was[n] == v then return end
+        writes[#writes + 1] = field
+        writes[#writes + 1] = v
+        if not was[n] then fresh = fresh + 1 end
+      end
+      for i = 1, 2 do
+        local c = chosen[i]
+        if c then
+          if not c.at or until_ms < c.at or (later and until_ms > c.at) then
+            publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
+            c.at = until_ms
+          end
+          put(i, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
+        elseif was[i] then
+          gone[#gone + 1] = WATCHERS[i]
+        end
+      end
+      if holder == '' then
+        if was[3] then gone[#gone + 1] = '!h' end
+      elseif holder then
+        put(3, '!h', holder)
+      end
+      flush(writes, fresh)
+      if #gone > 0 then redis.call('HDEL', pkey, unpack(gone)) end
+      -- (`kept`: the caller sets the hash's expiry after this.)
+      if #chosen > 0 and not kept then retain() end
+    end
+
+    walk_fns = {publish = publish, grant = grant, process = process, walk = walk, ahead = ahead,
+      watch = watch}
+    return walk_fns
   end
 
   -- MEMBER, just queued with the lease that ends first ending in `pttl` ms: whether it watches
@@ -616,9 +626,13 @@ local function queue()
     return {HELD, pttl, 1, listening, f, watcher, now_us(), depth}
   end
 
-  queue_fns = {channel = channel, listener = listener, publish = publish, grant = grant,
+  queue_fns = setmetatable({channel = channel, listener = listener,
     split_member = split_member, add_member = add_member, retain = retain, keep = keep,
-    seen = seen, flush = flush, lapse = lapse, ahead = ahead, process = process, walk = walk, watch = watch,
-    watching = watching, queued_reply = queued_reply}
+    seen = seen, flush = flush, lapse = lapse, watching = watching, queued_reply = queued_reply},
+    {__index = function(fns, name)
+      local more = walking()
+      for k, f in pairs(more) do rawset(fns, k, f) end
+      return more[name]
+    end})
   return queue_fns
 end
