@@ -21,10 +21,10 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::scripts::run as custom;
 use common::{command_calls, RedisServer};
 use std::collections::VecDeque;
 use waitlock::fred::prelude::*;
-use waitlock::fred::types::CustomCommand;
 
 /// Waiters in the queue, over this many processes (the contention bench's 8 x 4, less the holder).
 const PROCESSES: usize = 4;
@@ -57,16 +57,6 @@ const PATHS: [&str; 5] = [
     "queueing attempt",
     "watcher's look",
 ];
-
-async fn custom(c: &Client, words: Vec<String>) -> Value {
-    let (head, rest) = words.split_first().expect("a command");
-    c.custom(
-        CustomCommand::new(head.clone(), None::<u16>, false),
-        rest.to_vec(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{head}: {e}"))
-}
 
 fn int(v: &Value) -> i64 {
     match v {

@@ -144,8 +144,9 @@ impl<K: Key> System<K> {
     // `''` none). A kept watcher is told again if it would look later than the lease ends
     // (with `later`, a refresh: also earlier); any chosen: `retain()` (`kept`, serve's call,
     // leaves it to the caller's `keep`/`retain` right after: the same end state). The Lua
-    // reads the back of the queue only when the current watchers do not do, and writes only
-    // the fields that change: the same watchers, the same messages
+    // reads the back of the queue only when the current watchers do not do (its last 4
+    // members, then the 12 before them if those do not do: the order of one read of 16), and
+    // writes only the fields that change: the same watchers, the same messages
     pub fn watch(
         &self,
         s: &mut State<K>,
