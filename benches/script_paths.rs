@@ -21,7 +21,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::scripts::run as custom;
+use common::scripts::{run as custom, subscriber};
 use common::{command_calls, RedisServer};
 use std::collections::VecDeque;
 use waitlock::fred::prelude::*;
@@ -205,13 +205,7 @@ async fn main() {
         .collect();
     let mut subscribers = Vec::new();
     for pid in &pids {
-        let sub = waitlock::fred::clients::SubscriberClient::new(
-            Config::from_url(&server.url()).expect("url"),
-            None,
-            None,
-            None,
-        );
-        sub.init().await.expect("subscriber");
+        let sub = subscriber(&server).await;
         for v in &versions {
             sub.ssubscribe(format!("{}:w:{pid}", v.busy[0]))
                 .await

@@ -130,6 +130,18 @@ fn words(kind: &Kind, cmd: &str, now_ms: u64) -> Vec<String> {
         .collect()
 }
 
+/// A subscriber connection to `server`, connected (for the grant channels' messages).
+pub async fn subscriber(server: &RedisServer) -> waitlock::fred::clients::SubscriberClient {
+    let sub = waitlock::fred::clients::SubscriberClient::new(
+        Config::from_url(&server.url()).expect("url"),
+        None,
+        None,
+        None,
+    );
+    sub.init().await.expect("subscriber");
+    sub
+}
+
 /// Runs one command given as words.
 pub async fn run(c: &Client, words: Vec<String>) -> Value {
     let (head, rest) = words.split_first().expect("a command");
@@ -179,13 +191,7 @@ async fn hget(c: &Client, key: &str, field: &str) -> Option<String> {
 pub async fn run_rows(kind: &Kind, rows: Vec<Row>) {
     let server = RedisServer::start();
     let c = server.client().await;
-    let sub = waitlock::fred::clients::SubscriberClient::new(
-        Config::from_url(&server.url()).expect("url"),
-        None,
-        None,
-        None,
-    );
-    sub.init().await.expect("subscriber");
+    let sub = subscriber(&server).await;
     let mut messages = sub.message_rx();
     for pid in [LIVE, LIVE2] {
         sub.ssubscribe(format!("{}:w:{pid}", kind.main))
