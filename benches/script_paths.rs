@@ -22,7 +22,8 @@
 mod common;
 
 use common::scripts::{run as custom, subscriber};
-use common::{command_calls, RedisServer};
+use common::server_info::{calls_since, commandstats};
+use common::RedisServer;
 use std::collections::VecDeque;
 use waitlock::fred::prelude::*;
 
@@ -116,14 +117,18 @@ impl Version {
     }
 }
 
+/// A script reply's code, its first element.
+fn code(reply: &Value) -> i64 {
+    match reply {
+        Value::Array(v) if !v.is_empty() => int(&v[0]),
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
 /// Runs one call and returns its reply code and its time inside Redis (µs, from the newest
 /// SLOWLOG entry, which is this call's: nothing else sends commands).
 async fn timed(c: &Client, words: Vec<String>) -> (i64, i64) {
-    let reply = custom(c, words).await;
-    let code = match &reply {
-        Value::Array(v) if !v.is_empty() => int(&v[0]),
-        other => panic!("unexpected reply {other:?}"),
-    };
+    let code = code(&custom(c, words).await);
     let log = custom(c, vec!["SLOWLOG".into(), "GET".into(), "1".into()]).await;
     let us = match log {
         Value::Array(entries) => match entries.first() {
@@ -133,23 +138,6 @@ async fn timed(c: &Client, words: Vec<String>) -> (i64, i64) {
         other => panic!("unexpected SLOWLOG reply {other:?}"),
     };
     (code, us)
-}
-
-/// Commands Redis ran so far, `EVALSHA` included, the bench's own (INFO, SLOWLOG, CONFIG) not.
-async fn commands(c: &Client) -> u64 {
-    let info: String = custom(c, vec!["INFO".into(), "commandstats".into()])
-        .await
-        .convert()
-        .expect("INFO text");
-    command_calls(&info)
-        .iter()
-        .filter(|(name, _)| {
-            // (Redis 7 names subcommands "config|set", "slowlog|get".)
-            let command = name.split('|').next().unwrap_or_default();
-            !matches!(command, "info" | "slowlog" | "config")
-        })
-        .map(|(_, n)| n)
-        .sum()
 }
 
 /// One version's contended queue: its holder and its waiters, oldest first.
@@ -262,13 +250,15 @@ async fn main() {
                     (Version::call(acq, &v.busy, &back), 2),
                 ];
                 for (p, (words, want)) in calls.into_iter().enumerate() {
-                    let before = if counting { commands(&c).await } else { 0 };
-                    let (code, us) = timed(&c, words).await;
-                    assert_eq!(code, want, "{}: {}", v.name, PATHS[p]);
                     if counting {
-                        // (Less the SLOWLOG GET of `timed`, counted as "slowlog" anyway.)
-                        counted[vi][p] += commands(&c).await - before;
+                        // (Untimed: only the script and its commands between the two reads.)
+                        let before = commandstats(&c).await;
+                        let got = code(&custom(&c, words).await);
+                        assert_eq!(got, want, "{}: {}", v.name, PATHS[p]);
+                        counted[vi][p] += calls_since(&before, &commandstats(&c).await).1;
                     } else {
+                        let (got, us) = timed(&c, words).await;
+                        assert_eq!(got, want, "{}: {}", v.name, PATHS[p]);
                         times[vi][p].push(us as f64);
                     }
                 }

@@ -482,7 +482,7 @@ local function queue()
             -- often stops there. (The choice is the one a single read of all 16 would make.)
             if tail_read == 2 then return end
             tail_read = tail_read + 1
-            local tail, tail_pids
+            local tail
             if tail_read == 1 then
               tail = redis.call('ZRANGE', q, -4, -1)
             else
@@ -490,13 +490,13 @@ local function queue()
             end
             -- (Fewer than 4: the queue has no more.)
             if #tail < 4 then tail_read = 2 end
-            tail_pids = {}
+            local tail_pids = {}
             for k = #tail, 1, -1 do
               cands[#cands + 1] = {m = tail[k]}
               tail_pids[#tail_pids + 1] = pid_of(tail[k])
             end
             know(tail_pids)
-            if j > #cands and tail_read == 2 then return end
+            if j > #cands then return end
           end
           local c = cands[j]
           j = j + 1
