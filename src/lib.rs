@@ -65,6 +65,12 @@ pub mod scripts {
     /// fence 1, lock 2, fence 2, ...; `ARGV` retention ms, then token, ttl ms per lock. One
     /// reply code per lock: 0 not held, 1 refreshed, 6 left alone (refresh it with [`EXTEND`]).
     pub const REFRESH: &str = crate::redis::scripts::REFRESH;
+    /// Take a set of free locks in one call, all or none (no prelude): `KEYS` lock 1, fence 1,
+    /// lock 2, fence 2, ... (at most 256 locks); `ARGV` retention ms, ttl ms, then a token per
+    /// lock. Reply `{0, fence 1, fence 2, ...}` all taken, `{2, i, pttl}` lock i held,
+    /// `{2, i, -3}` lock i free with waiters queued, `{7, i, 1 | 2}` lock i's key (or fence
+    /// counter) of another type; nothing written unless all are taken.
+    pub const TAKE_SET: &str = crate::redis::scripts::TAKE_SET;
     /// Permits (a semaphore's, a read-write lock's): acquire, queueing when given a member.
     /// `KEYS` are holders `{pk}:s`, state `{pk}:s:fence`, queue `{pk}:s:q`, processes
     /// `{pk}:s:p`, holder fences `{pk}:s:f`; `ARGV` as above, then the key's permits. The

@@ -22,6 +22,8 @@ use crate::hold::run::{section_result, CatchUnwind};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
 use crate::strategy::Strategy;
+use crate::wait::set;
+use fred::interfaces::ClientLike;
 use std::future::Future;
 use std::panic::resume_unwind;
 use std::sync::Arc;
@@ -209,7 +211,10 @@ impl<S: Strategy> Locker<S> {
         keys: &[K],
         opts: &LockOptions,
     ) -> Result<LockSetGuard> {
-        let keys = self.set_order(keys, opts)?;
+        let (keys, atomic) = self.set_order(keys, opts, false)?;
+        if atomic {
+            return self.take_at_once(&keys, opts, false).await;
+        }
         self.take_in_order(&keys, opts, false).await
     }
 
@@ -255,9 +260,12 @@ impl<S: Strategy> Locker<S> {
         keys: &[K],
         opts: &LockOptions,
     ) -> Result<LockSetGuard> {
-        let keys = self.set_order(keys, opts)?;
-        self.take_in_order(&keys, opts, !opts.wait().is_zero())
-            .await
+        let wait = !opts.wait().is_zero();
+        let (keys, atomic) = self.set_order(keys, opts, wait)?;
+        if atomic {
+            return self.take_at_once(&keys, opts, wait).await;
+        }
+        self.take_in_order(&keys, opts, wait).await
     }
 
     /// Runs `f` under the locks on every key of `keys`: takes them as
@@ -299,8 +307,15 @@ impl<S: Strategy> Locker<S> {
     }
 
     /// The set's keys, checked (nothing sent), without duplicates, in the order every caller
-    /// takes them: by hash slot, then by key.
-    fn set_order<K: AsRef<str>>(&self, keys: &[K], opts: &LockOptions) -> Result<Vec<String>> {
+    /// takes them: by hash slot, then by key; and whether they are taken at once (one node,
+    /// and no queued waiting: see [`take_at_once`](Self::take_at_once)) rather than in order
+    /// (which needs the caller's opt-in).
+    fn set_order<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        opts: &LockOptions,
+        wait: bool,
+    ) -> Result<(Vec<String>, bool)> {
         let first = keys.first().map_or("", |k| k.as_ref());
         if keys.is_empty() {
             return Err(Error::invalid_option(
@@ -335,20 +350,71 @@ impl<S: Strategy> Locker<S> {
         }
         order.sort_unstable();
         order.dedup();
-        if !opts.ordered_sets() {
+        let one_node = !self.engine.backend.next_client().is_clustered()
+            || order.first().map(|o| o.0) == order.last().map(|o| o.0);
+        // A queued locker's waiting set is taken in order: the atomic path's queued wait (in
+        // every key's queue at once) is not built yet.
+        let queued_wait = wait && !self.strategy.process_id().is_empty();
+        let atomic = one_node && !queued_wait;
+        if !atomic && !opts.ordered_sets() {
             let mut slots: Vec<u16> = order.iter().map(|(slot, _)| *slot).collect();
             slots.dedup();
             let shown: Vec<String> = slots.iter().take(8).map(u16::to_string).collect();
             let more = if slots.len() > 8 { ", ..." } else { "" };
+            let reason = if one_node {
+                "a queued locker waits for a set only in order for now (each key held while \
+                 the next is waited for); opt in with LockOptions::with_ordered_sets, or take \
+                 the set at once with acquire_many or a polling locker"
+            } else {
+                "keys in several hash slots can only be taken in order (each key held while \
+                 the next is waited for); opt in with LockOptions::with_ordered_sets, or give \
+                 the keys one hash tag (\"{tag}:a\", \"{tag}:b\") to take them at once"
+            };
             return Err(Error::invalid_option(
                 &order[0].1,
                 "ordered_sets",
                 format!("off (keys in hash slots {}{more})", shown.join(", ")),
-                "a set of keys is taken only in order for now (each key held while the next \
-                 is waited for); opt in with LockOptions::with_ordered_sets",
+                reason,
             ));
         }
-        Ok(order.into_iter().map(|(_, key)| key).collect())
+        Ok((order.into_iter().map(|(_, key)| key).collect(), atomic))
+    }
+
+    /// Takes `keys` (on one node) at once: every key in one script, or none (one attempt, or,
+    /// waiting, a polling wait that holds nothing between attempts), each kept alive from the
+    /// moment it is taken, with the set's shared loss token. Calls of at most
+    /// `TAKE_SET_MAX` (256) keys each, in order: the first that finds a key held gives back
+    /// what the ones before it took.
+    async fn take_at_once(
+        &self,
+        keys: &[String],
+        opts: &LockOptions,
+        wait: bool,
+    ) -> Result<LockSetGuard> {
+        let start = Instant::now();
+        let reqs = set::requests(&self.engine, keys, opts, self.strategy.process_id())?;
+        let taken = if wait {
+            set::poll(&self.engine, &reqs).await
+        } else {
+            set::once(&self.engine, &reqs).await
+        };
+        let waited = wait.then(|| start.elapsed());
+        for key in keys {
+            self.engine.meter.record(key, &taken, waited);
+        }
+        let mut guards = taken?;
+        let lost = CancellationToken::new();
+        for guard in &mut guards {
+            guard.share_loss(&lost);
+        }
+        if let Some((key, reason)) = guards
+            .iter()
+            .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
+        {
+            release_all(guards, false).await;
+            return Err(Error::Expired { key, reason });
+        }
+        Ok(LockSetGuard { guards, lost })
     }
 
     /// Takes `keys` in order (one attempt each, or waiting until `opts`' deadline),

@@ -762,6 +762,22 @@ async fn sets_across_primaries_survive_a_killed_primary() {
         }
         other => panic!("a set without the opt-in: {other:?}"),
     }
+    // Keys of one slot are taken at once, without the opt-in: a polling locker's wait, and a
+    // queued locker's one attempt.
+    let tagged = ["{xset}:a", "{xset}:b", "{xset}:c"];
+    let set = lockers
+        .2
+        .acquire_many_wait(&tagged, &LockOptions::new())
+        .await
+        .expect("one slot, at once");
+    assert_eq!(set.keys().count(), 3);
+    set.release().await.expect("release");
+    let set = lockers
+        .0
+        .acquire_many(&tagged, &LockOptions::new())
+        .await
+        .expect("one slot, one attempt");
+    set.release().await.expect("release");
     let wait = Duration::from_secs(20);
     let stop = Arc::new(AtomicBool::new(false));
     let promoted_at = Arc::new(std::sync::Mutex::new(None::<Instant>));

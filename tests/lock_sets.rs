@@ -1,5 +1,7 @@
-//! Several keys at once (`acquire_many`, `acquire_many_wait`, `run_many`), ordered
-//! acquisition, on both strategies, against a real private redis-server.
+//! Several keys at once (`acquire_many`, `acquire_many_wait`, `run_many`) on both strategies,
+//! against a real private redis-server: the ordered path (a queued locker's wait, with the
+//! opt-in) and the atomic one (one node: every key in one script, or none; a polling
+//! locker's wait, and any one attempt).
 
 mod common;
 
@@ -58,13 +60,13 @@ impl Book {
 /// lockers, its own subscriber and process id) take random sets of 2-4 of 8 keys, in any
 /// order the caller likes (A,B against B,A included): every acquisition completes well
 /// before its deadline (no deadlock), no key ever has two holders, each key's fences grow.
-async fn overlapping_sets_never_deadlock<S>(lockers: Vec<Locker<S>>)
+async fn overlapping_sets_never_deadlock<S>(lockers: Vec<Locker<S>>, opts: LockOptions)
 where
     S: Strategy + Clone + Send + Sync + 'static,
 {
     const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
     let book = Arc::new(Book::default());
-    let opts = set_opts()
+    let opts = opts
         .with_wait(Duration::from_secs(120))
         .with_ttl(Duration::from_secs(10));
     let mut tasks = Vec::new();
@@ -245,7 +247,7 @@ async fn queued_overlapping_sets_never_deadlock() {
     for _ in 0..4 {
         lockers.push(common::queued_locker(&server.url()).await);
     }
-    overlapping_sets_never_deadlock(lockers).await;
+    overlapping_sets_never_deadlock(lockers, set_opts()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,7 +257,8 @@ async fn polling_overlapping_sets_never_deadlock() {
     for _ in 0..4 {
         lockers.push(Locker::new(server.client().await));
     }
-    overlapping_sets_never_deadlock(lockers).await;
+    // (No opt-in: on one node a polling locker takes each set at once.)
+    overlapping_sets_never_deadlock(lockers, tight()).await;
 }
 
 #[tokio::test]
@@ -316,7 +319,8 @@ async fn a_thousand_keys_in_one_slot_on_both_strategies() {
 async fn sets_are_checked_and_merged() {
     let server = RedisServer::start();
     let locker = Locker::new(server.client().await);
-    match locker
+    let queued = common::queued_locker(&server.url()).await;
+    match queued
         .acquire_many_wait(&["m-a", "m-b"], &LockOptions::new())
         .await
     {
@@ -397,12 +401,131 @@ async fn refresh_off_ends_a_long_wait_on_both_strategies() {
     let other = Locker::new(server.client().await);
     refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl(
         common::queued_locker(&server.url()).await,
-        other.clone(),
-    )
-    .await;
-    refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl(
-        Locker::new(server.client().await),
         other,
     )
     .await;
+}
+
+/// A polling locker's set on one node waits holding nothing (no opt-in): while one key is
+/// held, its other keys stay free for anyone, and with refresh off a wait longer than the
+/// TTL is only a wait; it is taken, every key at once, when the held key is released.
+#[tokio::test]
+async fn a_polling_set_waits_holding_nothing() {
+    let server = RedisServer::start();
+    let locker = Locker::new(server.client().await);
+    let other = Locker::new(server.client().await);
+    let blocker = other
+        .acquire("w-b", &LockOptions::new())
+        .await
+        .expect("hold w-b");
+    let opts = tight()
+        .without_refresh()
+        .with_ttl(Duration::from_millis(300))
+        .with_wait(Duration::from_secs(60));
+    let waiting = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .acquire_many_wait(&["w-a", "w-b", "w-c"], &opts)
+                .await
+        })
+    };
+    // Whenever it is looked at, w-a and w-c are free: taken and given back by another, many
+    // times over the set's attempts (its backoff is a few ms; this spans 400 ms at least).
+    let started = Instant::now();
+    let mut looks = 0;
+    while looks < 40 || started.elapsed() < Duration::from_millis(400) {
+        for key in ["w-a", "w-c"] {
+            let g = other
+                .acquire(key, &LockOptions::new())
+                .await
+                .unwrap_or_else(|e| panic!("{key} is held while the set waits: {e}"));
+            g.release().await.expect("release");
+        }
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!waiting.is_finished(), "w-b is still held");
+    blocker.release().await.expect("release w-b");
+    let set = waiting
+        .await
+        .expect("task")
+        .expect("the set, once w-b is free");
+    assert_eq!(set.keys().count(), 3);
+    set.release().await.expect("release");
+    nothing_left(&locker, &["w-a", "w-b", "w-c"]).await;
+}
+
+/// A set taken at once never jumps a key's queue: a key with a queued waiter goes to that
+/// waiter first (the release hands it over), and the polling set takes it after, with a
+/// higher fence. A queued locker's one attempt at a set needs no opt-in either.
+#[tokio::test]
+async fn a_set_taken_at_once_lets_a_keys_queued_waiter_go_first() {
+    let server = RedisServer::start();
+    let (q1, q2) = (
+        common::queued_locker(&server.url()).await,
+        common::queued_locker(&server.url()).await,
+    );
+    let polling = Locker::new(server.client().await);
+    let holder = q1
+        .acquire("j-k", &LockOptions::new())
+        .await
+        .expect("hold j-k");
+    let waiter = {
+        let q2 = q2.clone();
+        tokio::spawn(async move {
+            let g = q2
+                .acquire_wait("j-k", &tight().with_wait(Duration::from_secs(30)))
+                .await
+                .expect("the queued waiter's grant");
+            let fence = g.fence();
+            g.release().await.expect("release");
+            fence
+        })
+    };
+    // Until it is queued, a release would just delete the lock.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while polling.status("j-k").await.expect("status").queued == 0 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let set = {
+        let polling = polling.clone();
+        tokio::spawn(async move {
+            polling
+                .acquire_many_wait(&["j-j", "j-k"], &tight().with_wait(Duration::from_secs(30)))
+                .await
+        })
+    };
+    holder
+        .release()
+        .await
+        .expect("release: handed to the waiter");
+    let waiter_fence = waiter.await.expect("waiter");
+    let set = set.await.expect("task").expect("the set, after the waiter");
+    assert!(
+        set.fence("j-k").expect("j-k") > waiter_fence,
+        "the set took j-k after its queued waiter"
+    );
+    set.release().await.expect("release");
+    // One attempt, no opt-in, on a queued locker: all of them or none.
+    let blocker = q2
+        .acquire("j-j", &LockOptions::new())
+        .await
+        .expect("hold j-j");
+    match q1.acquire_many(&["j-k", "j-j"], &LockOptions::new()).await {
+        Err(Error::Locked { key, .. }) => assert_eq!(key, "j-j"),
+        other => panic!("expected Locked on j-j, got {other:?}"),
+    }
+    assert!(
+        !q1.status("j-k").await.expect("status").held,
+        "nothing taken"
+    );
+    blocker.release().await.expect("release");
+    let set = q1
+        .acquire_many(&["j-k", "j-j"], &LockOptions::new())
+        .await
+        .expect("both free");
+    set.release().await.expect("release");
+    nothing_left(&q1, &["j-j", "j-k"]).await;
 }

@@ -1274,3 +1274,96 @@ async fn the_batched_refresh_does_extends_fast_path_and_leaves_the_rest_alone() 
         assert_eq!(v.as_deref(), lock, "{key}: the value is never changed");
     }
 }
+
+/// Taking a set in one call (`lua/take_set.lua`): free locks are all taken (state 'p', the
+/// TTL, fences above the last one and Redis' clock); one lock held, free with waiters queued,
+/// or of another type stops the call with nothing written; sent again, the call finds its own
+/// locks and answers their fences.
+#[tokio::test]
+async fn taking_a_set_is_all_or_none() {
+    let server = RedisServer::start();
+    let c = server.client().await;
+    let set = ["s-a", "s-b", "s-c"];
+    let call = |keys: &[&str]| {
+        let mut k = Vec::new();
+        let mut argv = vec!["3600000".to_owned(), "30000".to_owned()];
+        for key in keys {
+            k.extend([lock_key(key), fence_key(key)]);
+            argv.push("T".to_owned());
+        }
+        (k, argv)
+    };
+    let huge = "9999999999999999";
+    let _: () = c
+        .set(fence_key("s-b"), huge, None, None, false)
+        .await
+        .expect("SET");
+    let (k, a) = call(&set);
+    let taken: Vec<i64> = c
+        .eval(scripts::TAKE_SET, k.clone(), a.clone())
+        .await
+        .expect("take");
+    assert_eq!(taken.len(), 4, "{taken:?}");
+    assert_eq!(taken[0], 0);
+    assert_eq!(taken[2], 9_999_999_999_999_999 + 1, "above the last fence");
+    let now_us = {
+        let t: Vec<String> = c
+            .custom(fred::cmd!("TIME"), Vec::<String>::new())
+            .await
+            .expect("TIME");
+        t[0].parse::<i64>().expect("s") * 1_000_000
+    };
+    assert!(
+        taken[1] > now_us - 10_000_000 && taken[3] > now_us - 10_000_000,
+        "{taken:?}"
+    );
+    for key in set {
+        let v: Option<String> = c.get(lock_key(key)).await.expect("GET");
+        assert_eq!(v.as_deref(), Some("pT"), "{key}");
+        let ttl: i64 = c.pttl(lock_key(key)).await.expect("PTTL");
+        assert!((29_000..=30_000).contains(&ttl), "{key}: {ttl}");
+        let fttl: i64 = c.pttl(fence_key(key)).await.expect("PTTL");
+        assert!(fttl > 3_600_000, "{key}: fence PTTL {fttl}");
+    }
+    // Sent again: its own locks, the same fences, nothing rewritten.
+    let again: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("again");
+    assert_eq!(again, taken);
+
+    // One of them held by another: {2, i, pttl}, and nothing of the others written.
+    let _: () = c
+        .set(
+            lock_key("t-b"),
+            "pU",
+            Some(Expiration::PX(5_000)),
+            None,
+            false,
+        )
+        .await
+        .expect("SET");
+    let (k, a) = call(&["t-a", "t-b", "t-c"]);
+    let held: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("held");
+    assert_eq!(held.len(), 3, "{held:?}");
+    assert_eq!(&held[..2], &[2, 2]);
+    assert!((4_000..=5_000).contains(&held[2]), "{held:?}");
+    // Free, but its fence says waiters may be queued: {2, i, -3}.
+    let _: () = c
+        .set(fence_key("t-c"), "12 q", None, None, false)
+        .await
+        .expect("SET");
+    let (k, a) = call(&["t-a", "t-c"]);
+    let queued: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("queued");
+    assert_eq!(queued, [2, 2, -3]);
+    // A key of another type (a fence counter here): {7, i, 2}, nothing overwritten.
+    let _: i64 = c.rpush(fence_key("t-d"), "x").await.expect("RPUSH");
+    let (k, a) = call(&["t-a", "t-d"]);
+    let wrong: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("wrong type");
+    assert_eq!(wrong, [7, 2, 2]);
+    let kind: String = c.r#type(fence_key("t-d")).await.expect("TYPE");
+    assert_eq!(kind, "list");
+    for key in ["t-a", "t-c", "t-d"] {
+        let v: Option<String> = c.get(lock_key(key)).await.expect("GET");
+        assert_eq!(v, None, "{key}: nothing written");
+    }
+    let fa: Option<String> = c.get(fence_key("t-a")).await.expect("GET");
+    assert_eq!(fa, None, "t-a's fence: nothing written");
+}

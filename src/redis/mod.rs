@@ -12,7 +12,7 @@ mod tls;
 pub(crate) use background::{QueueResidue, ResidueGuard};
 pub(crate) use connect::{connect_client, reconnect_policy, supervise};
 pub use connect::{redact_url, ConnectOptions};
-pub(crate) use scripts::{Attempt, Extended, Queued, Released};
+pub(crate) use scripts::{Attempt, Extended, Queued, Released, SetAttempt, TAKE_SET_MAX};
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;
 

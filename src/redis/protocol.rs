@@ -175,6 +175,8 @@ pub(crate) mod reply {
     pub(crate) const OTHER_LIMIT: i64 = 5;
     /// refresh (batched): this lock was left untouched; refresh it with extend alone.
     pub(crate) const ALONE: i64 = 6;
+    /// take a set: a key of the set holds another type of value (nothing written).
+    pub(crate) const WRONG_TYPE: i64 = 7;
 }
 
 #[cfg(test)]

@@ -47,6 +47,11 @@ pub(crate) const STATUS: &str = lua!("lua/status.lua");
 
 /// Refresh many locks taken free in one call (on its own: see the script).
 pub(crate) const REFRESH: &str = include_str!("lua/refresh.lua");
+/// Take a set of free locks in one call, all or none (on its own: see the script).
+pub(crate) const TAKE_SET: &str = include_str!("lua/take_set.lua");
+
+/// The most locks one [`TAKE_SET`] call takes (the script's bound; a larger set is split).
+pub(crate) const TAKE_SET_MAX: usize = 256;
 
 /// Election: a new leader's announcement (on its own: see the script).
 pub(crate) const ELECT_ANNOUNCE: &str = include_str!("lua/elect_announce.lua");
@@ -97,6 +102,21 @@ pub(crate) enum Attempt {
         queued: Option<Queued>,
         behind_queue: bool,
     },
+}
+
+/// What a one-shot attempt at a set of locks ([`TAKE_SET`]) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SetAttempt {
+    /// Every lock taken (or held already by its token, the call sent again): their fences,
+    /// in order.
+    Taken { fences: Vec<u64> },
+    /// Lock `index` is held by another token (`remaining`: its TTL); nothing taken.
+    Held {
+        index: usize,
+        remaining: Option<Duration>,
+    },
+    /// Lock `index` is free but waiters may be queued on it (they come first); nothing taken.
+    Queued { index: usize },
 }
 
 /// What a queueing attempt learned about the queue.
@@ -185,6 +205,7 @@ pub(crate) struct Scripts {
     lock: Set,
     permits: Set,
     refresh: Lua,
+    take_set: Lua,
     announce: Lua,
     resign: Lua,
     read_leader: Lua,
@@ -208,6 +229,7 @@ impl Scripts {
                 status: Lua::new(Op::Status, PERMIT_STATUS),
             },
             refresh: Lua::new(Op::Extend, REFRESH),
+            take_set: Lua::new(Op::Acquire, TAKE_SET),
             announce: Lua::new(Op::Acquire, ELECT_ANNOUNCE),
             resign: Lua::new(Op::Release, ELECT_RESIGN),
             read_leader: Lua::new(Op::Status, ELECT_READ),
@@ -554,6 +576,78 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         self.replicated(client, first).await?;
         Ok(batched)
+    }
+
+    /// One attempt at a set of locks in one Cluster slot (`lua/take_set.lua`), `(names,
+    /// token)` each, at most [`TAKE_SET_MAX`]: all taken for `ttl_ms`, or none. Errors name
+    /// the first lock's key. Not cancel safe on its own: a dropped or timed-out call may
+    /// still run, and the caller gives back what it may have taken.
+    pub(crate) async fn take_set_on(
+        &self,
+        client: &Client,
+        locks: &[(&Names, &str)],
+        ttl_ms: u64,
+        limit: Duration,
+    ) -> Result<SetAttempt> {
+        let Some(first) = locks.first().map(|l| l.0) else {
+            return Ok(SetAttempt::Taken { fences: Vec::new() });
+        };
+        let mut keys = Vec::with_capacity(locks.len() * 2);
+        let mut args = Vec::with_capacity(locks.len() + 2);
+        args.push(ms(self.retention).to_string());
+        args.push(ttl_ms.to_string());
+        for (names, token) in locks {
+            keys.push(names.lock.clone());
+            keys.push(names.fence());
+            args.push((*token).to_owned());
+        }
+        let reply: Vec<i64> = self
+            .eval_with(
+                client,
+                &self.scripts.take_set,
+                first,
+                keys,
+                args,
+                limit,
+                Via::Sha,
+            )
+            .await?;
+        let index = |i: i64| {
+            usize::try_from(i)
+                .ok()
+                .filter(|i| (1..=locks.len()).contains(i))
+                .map(|i| i - 1)
+        };
+        match reply.as_slice() {
+            [reply::ACQUIRED, fences @ ..] if fences.len() == locks.len() => {
+                Ok(SetAttempt::Taken {
+                    fences: fences.iter().map(|f| (*f).max(0) as u64).collect(),
+                })
+            }
+            [reply::HELD, i, pttl] => match index(*i) {
+                Some(index) if *pttl == -3 => Ok(SetAttempt::Queued { index }),
+                Some(index) => Ok(SetAttempt::Held {
+                    index,
+                    remaining: remaining(*pttl),
+                }),
+                None => Err(unexpected(first, Op::Acquire, &reply)),
+            },
+            [reply::WRONG_TYPE, i, which] => match index(*i) {
+                Some(index) => {
+                    let names = locks[index].0;
+                    Err(Error::WrongType {
+                        key: names.key.clone(),
+                        redis_key: if *which == 2 {
+                            names.fence()
+                        } else {
+                            names.lock.clone()
+                        },
+                    })
+                }
+                None => Err(unexpected(first, Op::Acquire, &reply)),
+            },
+            other => Err(unexpected(first, Op::Acquire, other)),
+        }
     }
 
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until

@@ -8,6 +8,7 @@
 
 pub(crate) mod jitter;
 pub(crate) mod notify;
+pub(crate) mod set;
 
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;

@@ -1,0 +1,202 @@
+//! A set of keys on one node (a single server, or one Cluster slot) taken in one script
+//! (`lua/take_set.lua`), all or none: the atomic path of `Locker::acquire_many` on both
+//! lockers and of a polling locker's `acquire_many_wait`. A set larger than one call's bound
+//! ([`TAKE_SET_MAX`]) is taken in calls of that many keys, in order, each all or none; the
+//! first that finds a key held gives back what the calls before it took.
+//!
+//! It never holds a key while it waits, and never takes a key whose queue may have waiters
+//! (they come first, as for one key).
+
+use super::{Request, Waiting, TIMER_TICK};
+use crate::error::{Error, Result};
+use crate::hold::guard::LockGuard;
+use crate::hold::lease::Hold;
+use crate::keys::Names;
+use crate::options::LockOptions;
+use crate::redis::{Engine, ResidueGuard, SetAttempt, TAKE_SET_MAX};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The requests of a set, one per key (in the order given), sharing one generated token: all
+/// of the set's calls then go through one client, in order (a give-back after a call whose
+/// outcome is unknown runs after that call, never before it).
+pub(crate) fn requests(
+    engine: &Engine,
+    keys: &[String],
+    opts: &LockOptions,
+    pid: &str,
+) -> Result<Vec<Request>> {
+    let mut reqs: Vec<Request> = Vec::with_capacity(keys.len());
+    for key in keys {
+        let mut req = Request::attempt(engine, key, opts, pid)?;
+        if let Some(first) = reqs.first() {
+            req.token = Arc::clone(&first.token);
+        }
+        reqs.push(req);
+    }
+    Ok(reqs)
+}
+
+/// What one attempt at a set gives a wait loop.
+pub(crate) enum SetStep {
+    /// Every key, kept alive, in order.
+    Won(Vec<LockGuard>),
+    /// The key at `index` is held (or has waiters queued: `remaining` is then `None`).
+    Held {
+        index: usize,
+        remaining: Option<Duration>,
+    },
+    /// A connection error or timeout; worth retrying until the deadline.
+    Failed,
+}
+
+impl Waiting {
+    /// One attempt at the whole set `reqs` (see the [module](self) docs): every key taken and
+    /// kept alive, or none held when it returns. A call whose outcome is unknown (dropped, or
+    /// timed out: it may still run) gives back its keys in the background, after it.
+    pub(crate) async fn attempt_set(
+        &mut self,
+        engine: &Arc<Engine>,
+        reqs: &[Request],
+    ) -> Result<SetStep> {
+        let Some(first) = reqs.first() else {
+            return Ok(SetStep::Won(Vec::new()));
+        };
+        let client = first.client(engine).clone();
+        let ttl = first.plan.ttl();
+        let mut guards: Vec<LockGuard> = Vec::with_capacity(reqs.len());
+        for (n, chunk) in reqs.chunks(TAKE_SET_MAX).enumerate() {
+            let offset = n * TAKE_SET_MAX;
+            let sent_at = Instant::now();
+            let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+            self.attempts += 1;
+            // Armed until the reply says what the call did.
+            let mut residues: Vec<ResidueGuard<'_>> = chunk
+                .iter()
+                .map(|r| ResidueGuard {
+                    engine,
+                    names: &r.names,
+                    token: &r.token,
+                    armed: true,
+                })
+                .collect();
+            let locks: Vec<(&Names, &str)> = chunk.iter().map(|r| (&r.names, &*r.token)).collect();
+            let reply = engine
+                .take_set_on(&client, &locks, first.plan.ttl_ms, limit)
+                .await;
+            if !matches!(&reply, Err(e) if e.is_transient()) {
+                residues.iter_mut().for_each(|r| r.armed = false);
+            }
+            let held = match reply {
+                Ok(SetAttempt::Taken { fences }) => {
+                    if let Err(e) = engine.replicated(&client, &first.names).await {
+                        // (This call's keys are given back by their residues, in the
+                        // background.)
+                        residues.iter_mut().for_each(|r| r.armed = true);
+                        drop(residues);
+                        give_back(guards).await;
+                        return self.failed(e, cut).map(|_| SetStep::Failed);
+                    }
+                    drop(residues);
+                    for (req, fence) in chunk.iter().zip(fences) {
+                        let mut guard = req.guard(engine, Hold::sent(fence, sent_at, ttl));
+                        guard.keep_alive();
+                        guards.push(guard);
+                    }
+                    continue;
+                }
+                Ok(SetAttempt::Held { index, remaining }) => (offset + index, remaining),
+                Ok(SetAttempt::Queued { index }) => {
+                    // Its waiters come first: served now (as a polling attempt at that key
+                    // alone would), in case their watchers are gone.
+                    let req = &chunk[index];
+                    let _ = engine
+                        .release_on(&client, &req.names, &req.token, "", limit)
+                        .await;
+                    (offset + index, None)
+                }
+                Err(e) => {
+                    drop(residues);
+                    give_back(guards).await;
+                    return self.failed(e, cut).map(|_| SetStep::Failed);
+                }
+            };
+            drop(residues);
+            give_back(guards).await;
+            self.last_error = None;
+            return Ok(SetStep::Held {
+                index: held.0,
+                remaining: held.1,
+            });
+        }
+        Ok(SetStep::Won(guards))
+    }
+}
+
+/// Releases `guards`, all at once (a set that found a key held, or failed, holds nothing when
+/// it returns).
+async fn give_back(guards: Vec<LockGuard>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for guard in guards {
+        tasks.spawn(guard.release());
+    }
+    // (A release whose task the runtime cancelled was handed to the guard's drop: a
+    // background release.)
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One attempt at a set, no waiting: every key, or `Locked` naming the key found held.
+pub(crate) async fn once(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<LockGuard>> {
+    let Some(first) = reqs.first() else {
+        return Ok(Vec::new());
+    };
+    let mut w = Waiting::new(&crate::options::Plan {
+        wait: Duration::ZERO,
+        ..first.plan
+    });
+    match Box::pin(w.attempt_set(engine, reqs)).await? {
+        SetStep::Won(guards) => Ok(guards),
+        SetStep::Held { index, remaining } => Err(Error::Locked {
+            key: reqs[index].names.key.clone(),
+            remaining_ttl: remaining,
+        }),
+        SetStep::Failed => Err(w.give_up(first)),
+    }
+}
+
+/// A polling wait for a set: attempt the whole set; if a key is held, sleep
+/// `min(backoff, its holder's TTL, deadline)` holding nothing, and try again.
+pub(crate) async fn poll(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<LockGuard>> {
+    let Some(first) = reqs.first() else {
+        return Ok(Vec::new());
+    };
+    if first.plan.wait.is_zero() {
+        return once(engine, reqs).await;
+    }
+    let mut w = Waiting::new(&first.plan);
+    // The key the last attempt found held: what a timeout names.
+    let mut blocked = 0;
+    loop {
+        let remaining = match Box::pin(w.attempt_set(engine, reqs)).await? {
+            SetStep::Won(guards) => return Ok(guards),
+            SetStep::Held { index, remaining } => {
+                blocked = index;
+                remaining
+            }
+            SetStep::Failed => None,
+        };
+        let now = Instant::now();
+        if now >= w.deadline {
+            return Err(w.give_up(&reqs[blocked]));
+        }
+        let sleep = w.backoff(now, remaining);
+        tracing::debug!(key = %reqs[blocked].names.key, attempts = w.attempts, ?sleep, "set waiting (timer)");
+        if now + sleep >= w.deadline {
+            tokio::time::sleep(sleep.saturating_sub(TIMER_TICK)).await;
+            super::until(w.deadline).await;
+        } else {
+            tokio::time::sleep(sleep).await;
+        }
+    }
+}
