@@ -8,8 +8,9 @@
 //!   hold 1 ms, all on one key, then all on one set of 2 keys, twice in turn: handoff gap
 //!   p50/p99 (a holder's release started to the next holder's return), script calls and Redis
 //!   CPU per acquisition, and the set's gap p50 over the key's;
-//! - `many`: 1,000 free keys in one hash slot taken and released by one call, both
-//!   strategies: median time to take them, calls per key;
+//! - `many`: 1,000 free keys in one hash slot taken and released by one call: a queued
+//!   locker in order (`acquire_many_wait`) and at once (`acquire_many`), a polling locker at
+//!   once (`acquire_many_wait`): median time to take them, calls per take, Redis CPU;
 //! - `cluster`: the same across a 3-primary cluster (a private one; keys without hash tags,
 //!   spread over its slots).
 //!
@@ -109,13 +110,15 @@ async fn handoffs(admin: &Client, lockers: &[Locker<Queue>], keys: &[String], n:
     }
 }
 
-/// Takes and releases `keys` `repeats` times; the median time to take them (ms), the script
-/// calls per key of one take, and Redis' CPU (summed over `admin`'s servers) per take (ms).
+/// Takes and releases `keys` `repeats` times (`once`: with `acquire_many`, one attempt;
+/// else `acquire_many_wait`); the median time to take them (ms), the script calls per key of
+/// one take, and Redis' CPU (summed over `admin`'s servers) per take (ms).
 async fn take_many<S: Strategy>(
     locker: &Locker<S>,
     admin: &[Client],
     keys: &[String],
     repeats: usize,
+    once: bool,
 ) -> (f64, f64, f64) {
     let mut times = Vec::with_capacity(repeats);
     let (mut calls, mut cpu) = (0, 0.0);
@@ -126,10 +129,12 @@ async fn take_many<S: Strategy>(
             cpu -= redis_cpu_us(a).await;
         }
         let start = Instant::now();
-        let set = locker
-            .acquire_many_wait(keys, &opts())
-            .await
-            .expect("free keys");
+        let set = if once {
+            locker.acquire_many(keys, &opts()).await
+        } else {
+            locker.acquire_many_wait(keys, &opts()).await
+        }
+        .expect("free keys");
         times.push(start.elapsed().as_secs_f64() * 1e3);
         for (a, b) in admin.iter().zip(&before) {
             cpu += redis_cpu_us(a).await;
@@ -196,13 +201,14 @@ async fn coordinator(quick: bool) {
     if selected("many") {
         let keys: Vec<String> = (0..1000).map(|i| format!("{{acct}}:{i}")).collect();
         let queued = common::queued_locker(&url).await;
-        let (ms, calls, cpu) =
-            take_many(&queued, std::slice::from_ref(&admin), &keys, repeats).await;
-        println!("many: 1,000 keys in one slot, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
+        let admin = std::slice::from_ref(&admin);
+        let (ms, calls, cpu) = take_many(&queued, admin, &keys, repeats, false).await;
+        println!("many: 1,000 keys in one slot, queued locker, in order (acquire_many_wait): median {ms:.1} ms to take, {:.0} calls, Redis CPU {cpu:.1} ms per take", calls * 1000.0);
+        let (ms, calls, cpu) = take_many(&queued, admin, &keys, repeats, true).await;
+        println!("many: 1,000 keys in one slot, queued locker, at once (acquire_many): median {ms:.1} ms to take, {:.0} calls, Redis CPU {cpu:.1} ms per take", calls * 1000.0);
         let polling = Locker::new(common::client_for(&url).await);
-        let (ms, calls, cpu) =
-            take_many(&polling, std::slice::from_ref(&admin), &keys, repeats).await;
-        println!("many: 1,000 keys in one slot, polling locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
+        let (ms, calls, cpu) = take_many(&polling, admin, &keys, repeats, false).await;
+        println!("many: 1,000 keys in one slot, polling locker, at once (acquire_many_wait): median {ms:.1} ms to take, {:.0} calls, Redis CPU {cpu:.1} ms per take", calls * 1000.0);
     }
     if selected("cluster") {
         let cluster = RedisCluster::start(3, 0);
@@ -212,8 +218,8 @@ async fn coordinator(quick: bool) {
         }
         let keys: Vec<String> = (0..1000).map(|i| format!("spread:{i}")).collect();
         let queued = common::queued_locker(&cluster.url()).await;
-        let (ms, calls, cpu) = take_many(&queued, &admins, &keys, repeats).await;
-        println!("cluster: 1,000 keys over 3 primaries, queued locker: median {ms:.1} ms to take, {calls:.2} calls/key, Redis CPU {cpu:.1} ms per take");
+        let (ms, calls, cpu) = take_many(&queued, &admins, &keys, repeats, false).await;
+        println!("cluster: 1,000 keys over 3 primaries, queued locker, in order: median {ms:.1} ms to take, {:.0} calls, Redis CPU {cpu:.1} ms per take", calls * 1000.0);
     }
 }
 

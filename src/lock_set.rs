@@ -1,19 +1,29 @@
 //! Several keys at once: `acquire_many`, `acquire_many_wait` and `run_many` on both lockers.
 //!
-//! **Ordered acquisition** (the one path built so far, taken only when the caller opts in with
-//! [`LockOptions::with_ordered_sets`]): the keys, made a set (duplicates merged), are sorted by
-//! hash slot and then by key, and taken in that order with the single-key lock, each kept
-//! alive from the moment it is taken, under one deadline. Waiting, a key is waited for only
-//! when it was found held; the keys after it are tried all at once (in bursts of [`BURST`]),
-//! keeping the run taken from the first and releasing those after the first held one. Every
-//! caller sorts the same way, so a waiter only ever waits for a key greater than every key
-//! it holds: no cycle of waiters,
-//! no deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
-//! set through). Anything that ends the call early (its deadline, an error, a dropped future)
-//! releases every key taken. The keys share one loss token: any key lost cancels it.
+//! Two paths, chosen per call:
 //!
-//! What it does not give (the atomic path, not built, would): a waiter holds the keys before
-//! the one it waits for, and FIFO holds per key, not per set.
+//! - **At once** (keys on one node: a single server, or one Cluster slot; for one attempt on
+//!   either locker, and for a polling locker's wait): every key in one script
+//!   (`lua/take_set.lua`, at most `TAKE_SET_MAX` = 256 keys a call; a larger set is taken in calls of 256, in order, each all or none, the first that
+//!   finds a key held giving back what the ones before it took), or none. A key whose queue
+//!   may have waiters counts as held (they come first). A polling wait holds nothing between
+//!   attempts. No opt-in.
+//! - **Ordered acquisition** (keys in several slots, or a queued locker's wait; only when the
+//!   caller opts in with [`LockOptions::with_ordered_sets`]): the keys, made a set
+//!   (duplicates merged), are sorted by hash slot and then by key, and taken in that order
+//!   with the single-key lock, each kept alive from the moment it is taken, under one
+//!   deadline. Waiting, a key is waited for only when it was found held; the keys after it
+//!   are tried all at once (in bursts of [`BURST`]), keeping the run taken from the first and
+//!   releasing those after the first held one. Every caller sorts the same way, so a waiter
+//!   only ever waits for a key greater than every key it holds: no cycle of waiters, no
+//!   deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
+//!   set through). What it does not give: a waiter holds the keys before the one it waits
+//!   for, and FIFO holds per key, not per set.
+//!
+//! Anything that ends a call early (its deadline, an error, a dropped future) releases every
+//! key taken. The keys share one loss token: any key lost cancels it. Not built: a queued
+//! locker's wait for a set on one node in every key's queue at once (designed and checked in
+//! `model/src/sets.rs`).
 
 use crate::error::{Error, LossReason, Op, Result};
 use crate::hold::guard::LockGuard;
@@ -31,9 +41,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The most keys one set may have. Each key is its own call (free keys' calls go out
-/// together: 1,000 free keys take about 30 ms on a local server); above it the set is refused
-/// ([`Error::InvalidOptions`], field `keys`).
+/// The most keys one set may have; above it the set is refused ([`Error::InvalidOptions`],
+/// field `keys`). Taken at once (one node), a set costs one call per 256 keys (1,000 free keys
+/// took 14-15 ms on a local server); in order, one call per key (free keys' calls go out
+/// together: 23-35 ms for 1,000).
 pub const MAX_SET_KEYS: usize = 10_000;
 
 /// Attempts sent at once when a set's next keys are tried together.
@@ -191,11 +202,14 @@ impl std::fmt::Debug for LockSetContext {
 }
 
 impl<S: Strategy> Locker<S> {
-    /// One attempt at each key of `keys`, in order (see
-    /// [`LockOptions::with_ordered_sets`]): all of them held, or none.
+    /// One attempt at the set `keys`: all of them held, or none. On one node (a single server,
+    /// or keys of one Cluster slot, e.g. hash-tagged `{acct}:1`, `{acct}:2`) every key is taken
+    /// in one script (one per 256 keys), never a key whose queue has waiters; across slots,
+    /// one attempt at each key in order, which needs [`LockOptions::with_ordered_sets`].
     ///
-    /// Errors: [`Error::InvalidOptions`] (nothing sent) when `opts` has not opted in to
-    /// ordered sets (field `ordered_sets`; the value names the keys' hash slots), `keys` is
+    /// Errors: [`Error::InvalidOptions`] (nothing sent) when the keys are in several slots
+    /// and `opts` has not opted in to ordered sets (field `ordered_sets`; the value names the
+    /// keys' hash slots), `keys` is
     /// empty or has more than [`MAX_SET_KEYS`] keys (field `keys`), `opts` has a fixed token
     /// (field `token`: each key gets a generated one, which a dropped attempt can give back),
     /// or an option is out of range (as for one key); [`Error::InvalidKey`] for
@@ -218,10 +232,17 @@ impl<S: Strategy> Locker<S> {
         self.take_in_order(&keys, opts, false).await
     }
 
-    /// Takes every key of `keys`, in order (see [`LockOptions::with_ordered_sets`]),
-    /// waiting up to `opts.wait` for all of them: one deadline for the whole set. Each key is
-    /// waited for as [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in
-    /// that key's FIFO queue), holding the keys before it. If a key already taken is lost
+    /// Takes every key of `keys`, waiting up to `opts.wait` for all of them: one deadline for
+    /// the whole set.
+    ///
+    /// - A polling locker, keys on one node (a single server, or one Cluster slot): the set
+    ///   at once, as [`acquire_many`](Self::acquire_many) takes it, attempt after attempt
+    ///   with the backoff of [`acquire_wait`](Self::acquire_wait), holding nothing between
+    ///   attempts. No opt-in needed.
+    /// - Otherwise (a queued locker, or keys in several slots) in order, which needs
+    ///   [`LockOptions::with_ordered_sets`]: each key is waited for as
+    ///   [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in that key's FIFO
+    ///   queue), holding the keys before it. If a key already taken is lost
     /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
     /// released and the set is taken again from the first, within the same deadline; with
     /// refresh off ([`Refresh::Off`]: the first keys' TTL elapsing while a later one is waited
