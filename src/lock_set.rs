@@ -32,6 +32,7 @@ use crate::hold::run::{section_result, CatchUnwind};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
 use crate::strategy::Strategy;
+use crate::redis::TAKE_SET_MAX;
 use crate::wait::set;
 use fred::interfaces::ClientLike;
 use std::future::Future;
@@ -537,41 +538,54 @@ impl<S: Strategy> Locker<S> {
         }
     }
 
-    /// One attempt at each of `keys` (in order), all at once, each key kept alive from the
-    /// moment its attempt returns. Keeps the run of keys taken from the first (their
+    /// One attempt at each of `keys` (in order), all at once: the keys of one hash slot (all
+    /// of them on a single server) in one call per 256 keys, all or none, each key kept alive
+    /// from the moment it is taken. Keeps the run of keys taken from the first (their
     /// keep-alives moved to `lost`) and releases those taken after the first that failed
-    /// (holding them while waiting for it could deadlock); gives that failure.
+    /// (holding them while waiting for it could deadlock); gives that failure. (A call that
+    /// fails takes none of its keys, so the run kept ends before that call's first key.)
     async fn attempt_all(
         &self,
         keys: &[String],
         opts: &LockOptions,
         lost: &CancellationToken,
     ) -> (Vec<LockGuard>, Option<Error>) {
-        // A dropped call aborts the attempts, and each attempt's own cancel safety (or a
-        // finished one's guard dropping) releases its key.
-        let outcomes = all_at_once(keys.iter().map(|key| {
-            let (locker, key, opts) = (self.clone(), key.clone(), opts.clone());
-            async move {
-                locker.acquire(&key, &opts).await.map(|mut guard| {
-                    guard.keep_alive();
-                    guard
-                })
+        let clustered = self.engine.backend.next_client().is_clustered();
+        // Runs of keys in one slot (the keys are sorted by slot), at most 256 each.
+        let mut groups: Vec<&[String]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=keys.len() {
+            let split = i == keys.len()
+                || i - start == TAKE_SET_MAX
+                || (clustered && self.slot(&keys[i]) != self.slot(&keys[start]));
+            if split {
+                groups.push(&keys[start..i]);
+                start = i;
             }
+        }
+        // A dropped call aborts the attempts, and each attempt's own cancel safety (or a
+        // finished one's guards dropping) releases its keys.
+        let outcomes = all_at_once(groups.iter().map(|group| {
+            let engine = Arc::clone(&self.engine);
+            let reqs = set::requests(&engine, group, opts, self.strategy.process_id());
+            async move { set::once(&engine, &reqs?).await }
         }))
         .await;
         let (mut kept, mut extra, mut failed) = (Vec::new(), Vec::new(), None);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             match outcome {
-                Some(Ok(mut guard)) if failed.is_none() => {
-                    guard.share_loss(lost);
-                    kept.push(guard);
+                Some(Ok(guards)) if failed.is_none() => {
+                    for mut guard in guards {
+                        guard.share_loss(lost);
+                        kept.push(guard);
+                    }
                 }
-                Some(Ok(guard)) => extra.push(guard),
+                Some(Ok(guards)) => extra.extend(guards),
                 Some(Err(e)) if failed.is_none() => failed = Some(e),
                 // Its task was cancelled: the runtime is shutting down.
                 None if failed.is_none() => {
                     failed = Some(Error::Redis {
-                        key: keys[i].clone(),
+                        key: groups[i][0].clone(),
                         op: Op::Acquire,
                         source: fred::error::Error::new(
                             fred::error::ErrorKind::Canceled,
@@ -584,6 +598,13 @@ impl<S: Strategy> Locker<S> {
         }
         release_all(extra, false).await;
         (kept, failed)
+    }
+
+    /// The hash slot of `key`'s lock (0 for a key the names refuse: `set_order` checked them).
+    fn slot(&self, key: &str) -> u16 {
+        self.engine
+            .names(key)
+            .map_or(0, |n| fred::util::redis_keyslot(n.lock.as_bytes()))
     }
 }
 
