@@ -35,6 +35,16 @@
 //! restart: the lock model's fault), on which the implementation releases every key and takes
 //! the set again from the first.
 //!
+//! **Sets taken at once by polling** (`Cfg::polling`: `take_set.lua`, built for keys on one
+//! node; a polling locker's wait repeats it) can run beside the queued sets of any rule: an
+//! attempt takes every key of its set when each is free and its queue empty (the script
+//! reads a queue from the fence's `q`), else serves one free key's queue (the release call
+//! the implementation sends on such a key: its waiters' watchers may be gone), else is only
+//! its backoff. They are in no queue, so (S2) is among queued sets only; (S7) instead: a set
+//! taken at once never takes a key a live waiter is queued on. `Cfg::poll_ignores_queues`
+//! (node-redlock's arrays, which look at the keys only) breaks (S7) in 5 steps: a lease that
+//! ended leaves a free key with a waiter queued, and a polling set takes it.
+//!
 //! **Faults:** a waiter's process dies while it waits (its members stay queued until a call
 //! finds them at a head) or while it holds (its keys stay held until their lease ends, which
 //! Redis notices in any order; then a watcher looks); a waiter leaves (a timeout or a
@@ -48,7 +58,7 @@
 //! **Properties:** (S1) no key has two holders, and a holder holds every key of its set; (S2)
 //! FIFO as defined above; (S3) no deadlock: every run ends with every waiter ended (granted
 //! and released, left, or dead); (S4) nothing left behind: at the end, every key free and
-//! every queue empty; (S5) no waiting: after every step, no live set that the rule would grant
+//! every queue empty; (S5) no waiting (for queued sets): after every step, no live set that the rule would grant
 //! is left waiting, except on a key whose lease just ended (its watcher's look is the cost, as
 //! for one key). (S5) is this model's idle bound, and what finds a call that forgets to serve
 //! a queue it changed.
@@ -67,7 +77,7 @@
 //! design's answer, modelled here: a holder's keep-alive refresh serves its keys' queues
 //! (`Act::Refresh`), so it finds the departed head within one refresh interval, and (S5) then
 //! requires the sets it held back to be granted in that same call; (S6) a refresh leaves no
-//! departed waiter at the head of its keys' queues.
+//! departed waiter at the head of its keys' queues; (S7) above.
 
 use stateright::{Model, Property};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -101,6 +111,15 @@ pub struct Cfg {
     /// A departed waiter dropped from the head of one queue gets the other queues it leaves
     /// served too (as implemented; false: only the queue it was found at, which (S5) breaks).
     pub drop_serves: bool,
+    /// Waiters (by index; missing: false) that take their set **at once by polling**
+    /// (`take_set.lua`, a polling locker's `acquire_many_wait`), beside the queued ones of
+    /// `rule`: an attempt takes every key when each is free and its queue empty, else, when
+    /// one of them is free with a queue, serves that queue (the release call the
+    /// implementation sends on such a key), else changes nothing (its backoff).
+    pub polling: Vec<bool>,
+    /// Mutation: a polling attempt ignores the queues (takes free keys with waiters queued:
+    /// (S7) breaks).
+    pub poll_ignores_queues: bool,
 }
 
 impl Default for Cfg {
@@ -113,6 +132,8 @@ impl Default for Cfg {
             leaves: 1,
             refreshes: 1,
             drop_serves: true,
+            polling: Vec::new(),
+            poll_ignores_queues: false,
         }
     }
 }
@@ -155,6 +176,10 @@ pub struct St {
     pub refresh_granted: bool,
     /// Ghost: a refresh left a departed waiter at the head of one of its keys' queues (S6).
     pub refresh_missed: bool,
+    /// Ghost: a polling set took a key while a live waiter was queued on it (S7).
+    pub poll_passed: bool,
+    /// Ghost: a polling attempt served a free key's queue (a canary).
+    pub poll_served: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -180,7 +205,7 @@ pub struct Sets {
     pub cfg: Cfg,
     /// Report only the first violation of each property (the shortest traces with BFS).
     pub first_only: bool,
-    latched: [AtomicBool; 4],
+    latched: [AtomicBool; 5],
 }
 
 impl Sets {
@@ -200,6 +225,45 @@ impl Sets {
         &self.cfg.sets[w as usize]
     }
 
+    /// Whether `w` takes its set at once by polling (`Cfg::polling`).
+    fn polls(&self, w: u8) -> bool {
+        self.cfg.polling.get(w as usize).copied().unwrap_or(false)
+    }
+
+    /// A polling set's attempt (`take_set.lua`, then, on a free key with a queue, the release
+    /// call that serves it).
+    fn poll_at_once(&self, s: &mut St, w: u8) {
+        let keys = self.keys(w).to_vec();
+        let free = |s: &St, k: usize| {
+            s.holder[k].is_none() && (self.cfg.poll_ignores_queues || s.queue[k].is_empty())
+        };
+        if keys.iter().all(|&k| free(s, k)) {
+            for &k in &keys {
+                if s.queue[k].iter().any(|&v| s.ph[v as usize] == Ph::Waiting) {
+                    s.poll_passed = true;
+                }
+                self.take(s, w, k);
+            }
+            return;
+        }
+        if let Some(&k) = keys
+            .iter()
+            .find(|&&k| s.holder[k].is_none() && !s.queue[k].is_empty())
+        {
+            self.serve(s, &[k]);
+            s.poll_served = true;
+        }
+    }
+
+    /// Whether a polling attempt by `w` would change anything (else it is its backoff, and
+    /// not a step).
+    fn poll_changes(&self, s: &St, w: u8) -> bool {
+        let mut t = s.clone();
+        self.poll_at_once(&mut t, w);
+        t.poll_served = s.poll_served;
+        t != *s
+    }
+
     fn overlap(&self, a: u8, b: u8) -> bool {
         self.keys(a).iter().any(|k| self.keys(b).contains(k))
     }
@@ -216,11 +280,15 @@ impl Sets {
         }
         if self.keys(w).iter().all(|&j| s.holder[j] == Some(w)) {
             s.ph[w as usize] = Ph::Holding;
-            let older_waits = (0..s.ph.len() as u8).any(|v| {
-                s.ph[v as usize] == Ph::Waiting
-                    && s.seq[v as usize] < s.seq[w as usize]
-                    && self.overlap(v, w)
-            });
+            // (FIFO is among queued sets: a polling set has no place in any queue, and is
+            // held to (S7) instead)
+            let older_waits = !self.polls(w)
+                && (0..s.ph.len() as u8).any(|v| {
+                    s.ph[v as usize] == Ph::Waiting
+                        && !self.polls(v)
+                        && s.seq[v as usize] < s.seq[w as usize]
+                        && self.overlap(v, w)
+                });
             if older_waits {
                 s.unfair = true;
             }
@@ -303,7 +371,10 @@ impl Sets {
     /// holds (a poller's is its own to find).
     fn grantable(&self, s: &St, w: u8) -> bool {
         // (a key whose lease just ended waits for its watcher's look: that is the lease's cost)
-        if s.ph[w as usize] != Ph::Waiting || self.keys(w).iter().any(|&k| s.lapsed[k]) {
+        if s.ph[w as usize] != Ph::Waiting
+            || self.polls(w)
+            || self.keys(w).iter().any(|&k| s.lapsed[k])
+        {
             return false;
         }
         match self.cfg.rule {
@@ -348,6 +419,8 @@ impl Model for Sets {
             lapsed: [false; KEYS],
             refresh_granted: false,
             refresh_missed: false,
+            poll_passed: false,
+            poll_served: false,
         }]
     }
 
@@ -357,7 +430,11 @@ impl Model for Sets {
             match p {
                 Ph::Idle => out.push(Act::Start(w)),
                 Ph::Waiting => {
-                    if self.cfg.rule == Rule::WhenAllFree
+                    if self.polls(w) {
+                        if self.poll_changes(s, w) {
+                            out.push(Act::Poll(w));
+                        }
+                    } else if self.cfg.rule == Rule::WhenAllFree
                         && self.keys(w).iter().all(|&k| s.holder[k].is_none())
                     {
                         out.push(Act::Poll(w));
@@ -397,6 +474,10 @@ impl Model for Sets {
                 n.seq[w as usize] = n.next_seq;
                 n.next_seq += 1;
                 let keys = self.keys(w).to_vec();
+                if self.polls(w) {
+                    self.poll_at_once(&mut n, w);
+                    return Some(n);
+                }
                 match self.cfg.rule {
                     Rule::AllAtOnce => {
                         for &k in &keys {
@@ -417,6 +498,7 @@ impl Model for Sets {
                     }
                 }
             }
+            Act::Poll(w) if self.polls(w) => self.poll_at_once(&mut n, w),
             Act::Poll(w) => {
                 for &k in self.cfg.sets[w as usize].clone().iter() {
                     self.take(&mut n, w, k);
@@ -522,6 +604,22 @@ impl Model for Sets {
             Property::<Self>::sometimes("canary: every set granted and released", |_, s| {
                 s.ph.iter().all(|p| *p == Ph::Done)
             }),
+            Property::<Self>::always(
+                "(S7) a set taken at once never takes a key a live waiter is queued on",
+                |m, s| m.latch(4, !s.poll_passed),
+            ),
+            Property::<Self>::sometimes(
+                "canary: a polling set holds while a queued set waits",
+                |m, s| {
+                    let n = s.ph.len() as u8;
+                    (0..n).any(|w| m.polls(w) && s.ph[w as usize] == Ph::Holding)
+                        && (0..n).any(|w| !m.polls(w) && s.ph[w as usize] == Ph::Waiting)
+                },
+            ),
+            Property::<Self>::sometimes(
+                "canary: a polling attempt serves a free key's queue",
+                |_, s| s.poll_served,
+            ),
         ]
     }
 }
