@@ -528,6 +528,29 @@ impl Engine {
         Ok(extended)
     }
 
+    /// A script over many locks in one Cluster slot (`lua/refresh.lua`, `lua/take_set.lua`):
+    /// `KEYS` lock 1, fence 1, lock 2, fence 2, ... of `locks`, `args` as given; errors name
+    /// the first lock's key. (No locks: no call, no reply.)
+    async fn eval_locks(
+        &self,
+        client: &Client,
+        lua: &Lua,
+        locks: &[&Names],
+        args: Vec<String>,
+        limit: Duration,
+    ) -> Result<Vec<i64>> {
+        let Some(first) = locks.first() else {
+            return Ok(Vec::new());
+        };
+        let mut keys = Vec::with_capacity(locks.len() * 2);
+        for names in locks {
+            keys.push(names.lock.clone());
+            keys.push(names.fence());
+        }
+        self.eval_with(client, lua, first, keys, args, limit, Via::Sha)
+            .await
+    }
+
     /// Refreshes many locks taken free (`lua/refresh.lua`) in one call on `client`: all of
     /// them in one Cluster slot, `(names, token, ttl ms)` each. One answer per lock, in order;
     /// [`Batched::Alone`] for a lock this call left untouched (a queue formed behind it, or its
@@ -542,25 +565,15 @@ impl Engine {
         let Some(first) = locks.first().map(|l| l.0) else {
             return Ok(Vec::new());
         };
-        let mut keys = Vec::with_capacity(locks.len() * 2);
         let mut args = Vec::with_capacity(locks.len() * 2 + 1);
         args.push(ms(self.retention).to_string());
-        for (names, token, ttl_ms) in locks {
-            keys.push(names.lock.clone());
-            keys.push(names.fence());
+        for (_, token, ttl_ms) in locks {
             args.push((*token).to_owned());
             args.push(ttl_ms.to_string());
         }
-        let reply: Vec<i64> = self
-            .eval_with(
-                client,
-                &self.scripts.refresh,
-                first,
-                keys,
-                args,
-                limit,
-                Via::Sha,
-            )
+        let names: Vec<&Names> = locks.iter().map(|l| l.0).collect();
+        let reply = self
+            .eval_locks(client, &self.scripts.refresh, &names, args, limit)
             .await?;
         if reply.len() != locks.len() {
             return Err(unexpected(first, Op::Extend, &reply));
@@ -592,25 +605,13 @@ impl Engine {
         let Some(first) = locks.first().map(|l| l.0) else {
             return Ok(SetAttempt::Taken { fences: Vec::new() });
         };
-        let mut keys = Vec::with_capacity(locks.len() * 2);
         let mut args = Vec::with_capacity(locks.len() + 2);
         args.push(ms(self.retention).to_string());
         args.push(ttl_ms.to_string());
-        for (names, token) in locks {
-            keys.push(names.lock.clone());
-            keys.push(names.fence());
-            args.push((*token).to_owned());
-        }
-        let reply: Vec<i64> = self
-            .eval_with(
-                client,
-                &self.scripts.take_set,
-                first,
-                keys,
-                args,
-                limit,
-                Via::Sha,
-            )
+        args.extend(locks.iter().map(|l| l.1.to_owned()));
+        let names: Vec<&Names> = locks.iter().map(|l| l.0).collect();
+        let reply = self
+            .eval_locks(client, &self.scripts.take_set, &names, args, limit)
             .await?;
         let index = |i: i64| {
             usize::try_from(i)
