@@ -14,9 +14,9 @@ const REFRESH: &str = "canary: a refresh drops a departed head and grants a set 
 const S6: &str = "(S6) a refresh leaves no departed waiter at the head of its keys' queues";
 const S5: &str = "(S5) no live set left waiting that the rule grants, after any call";
 
-/// `refresh_grants`: the run must reach a refresh that drops a departed head and grants the
-/// set behind it (a set of one key behind a set of two).
-fn run(name: &str, cfg: Cfg, min_unique: usize, refresh_grants: bool) {
+/// Checks `cfg` exhaustively (breadth first, 2 threads), prints its counts, and asserts that
+/// it finished with at least `min_unique` states (a run cut short would prove nothing).
+fn explore(name: &str, cfg: Cfg, min_unique: usize) -> impl Checker<Sets> {
     let t = Instant::now();
     let c = Sets::new(cfg).checker().threads(2).spawn_bfs().join();
     println!(
@@ -32,6 +32,13 @@ fn run(name: &str, cfg: Cfg, min_unique: usize, refresh_grants: bool) {
         "{name}: only {} unique states: run cut short?",
         c.unique_state_count()
     );
+    c
+}
+
+/// `refresh_grants`: the run must reach a refresh that drops a departed head and grants the
+/// set behind it (a set of one key behind a set of two).
+fn run(name: &str, cfg: Cfg, min_unique: usize, refresh_grants: bool) {
+    let c = explore(name, cfg, min_unique);
     for p in [S1, S2, S3, S4, S5, S6] {
         assert!(c.discovery(p).is_none(), "{name}: {p}");
     }
@@ -178,20 +185,7 @@ fn sorted(cfg: Cfg, name: &str, min_unique: usize) {
     for s in cfg.sets.iter_mut() {
         s.sort();
     }
-    let t = Instant::now();
-    let c = Sets::new(cfg).checker().threads(2).spawn_bfs().join();
-    println!(
-        "{name}: {} unique states ({} generated), depth {}, {:.2} s",
-        c.unique_state_count(),
-        c.state_count(),
-        c.max_depth(),
-        t.elapsed().as_secs_f64()
-    );
-    assert!(c.is_done());
-    assert!(
-        c.unique_state_count() >= min_unique,
-        "{name}: run cut short?"
-    );
+    let c = explore(name, cfg, min_unique);
     for p in [S1, S3, S4, S5, S6] {
         assert!(c.discovery(p).is_none(), "{name}: {p}");
     }
@@ -290,20 +284,8 @@ fn polling_sets_at_once_beside_queued_sets_in_order() {
             56_000,
         ),
     ] {
-        let t = Instant::now();
-        let c = Sets::new(cfg).checker().threads(2).spawn_bfs().join();
-        println!(
-            "sets, polling at once beside queued in order, {name}: {} unique states ({} generated), depth {}, {:.2} s",
-            c.unique_state_count(),
-            c.state_count(),
-            c.max_depth(),
-            t.elapsed().as_secs_f64()
-        );
-        assert!(c.is_done());
-        assert!(
-            c.unique_state_count() >= min_unique,
-            "{name}: run cut short?"
-        );
+        let name = format!("sets, polling at once beside queued in order, {name}");
+        let c = explore(&name, cfg, min_unique);
         for p in [S1, S3, S4, S5, S6, S7] {
             assert!(c.discovery(p).is_none(), "{name}: {p}");
         }
