@@ -290,7 +290,8 @@ pub struct RunArgs {
     /// Also hold the lock on this key (repeat for more): the command runs holding KEY and
     /// every --also key, taken as a set (in one fixed order, by hash slot then key, so runs
     /// that give the same keys in other orders never deadlock; each key taken is held while
-    /// the next is waited for; FIFO per key). Plain locks only (not with -s, -x, --limit).
+    /// the next is waited for; FIFO per key; with --nonblock and keys on one node, all at
+    /// once in one call). Plain locks only (not with -s, -x, --limit).
     #[arg(long, value_name = "KEY", conflicts_with = "permits")]
     pub also: Vec<String>,
 
