@@ -69,8 +69,13 @@ pub mod scripts {
     /// lock 2, fence 2, ... (at most 256 locks); `ARGV` retention ms, ttl ms, then a token per
     /// lock. Reply `{0, fence 1, fence 2, ...}` all taken, `{2, i, pttl}` lock i held,
     /// `{2, i, -3}` lock i free with waiters queued, `{7, i, 1 | 2}` lock i's key (or fence
-    /// counter) of another type; nothing written unless all are taken.
+    /// counter) of another type; nothing written unless all are taken. With ttl `check`: only
+    /// a look (`{0}` where it would take them all).
     pub const TAKE_SET: &str = crate::redis::scripts::TAKE_SET;
+    /// Give back many locks taken free in one call (no prelude): `KEYS` lock 1, lock 2, ...;
+    /// `ARGV` a token per lock. One reply code per lock: 0 not held, 1 deleted (state `p`), 6
+    /// left alone (release it with [`RELEASE`]).
+    pub const GIVE_BACK: &str = crate::redis::scripts::GIVE_BACK;
     /// Permits (a semaphore's, a read-write lock's): acquire, queueing when given a member.
     /// `KEYS` are holders `{pk}:s`, state `{pk}:s:fence`, queue `{pk}:s:q`, processes
     /// `{pk}:s:p`, holder fences `{pk}:s:f`; `ARGV` as above, then the key's permits. The

@@ -26,7 +26,7 @@
 //! `model/src/sets.rs`).
 
 use crate::error::{Error, LossReason, Op, Result};
-use crate::hold::guard::LockGuard;
+use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Lease;
 use crate::hold::run::{section_result, CatchUnwind};
 use crate::locker::Locker;
@@ -608,21 +608,20 @@ impl<S: Strategy> Locker<S> {
     }
 }
 
-/// Releases `guards` all at once (after a section: with `release_after_section`); each
-/// outcome in `guards`' order. A dropped call leaves each guard not yet released to its drop
-/// (a background release).
+/// Releases `guards` all at once (after a section: judged as `release_after_section` judges
+/// one), the keys a token took free in one call per slot (`release_many`); each outcome in
+/// `guards`' order. A dropped call leaves each guard not yet released to its drop (a
+/// background release).
 async fn release_all(guards: Vec<LockGuard>, after_section: bool) -> Vec<Result<()>> {
-    let ended = all_at_once(guards.into_iter().map(|guard| async move {
-        if after_section {
-            guard.release_after_section().await
-        } else {
-            guard.release().await
-        }
-    }))
-    .await;
-    // (a release whose task was cancelled, the runtime shutting down, was handed to the
-    // guard's drop: a background release)
-    ended.into_iter().map(|e| e.unwrap_or(Ok(()))).collect()
+    if !after_section {
+        return release_many(guards).await;
+    }
+    let ends: Vec<_> = guards.iter().map(LockGuard::section_end).collect();
+    let released = release_many(guards).await;
+    ends.into_iter()
+        .zip(released)
+        .map(|(end, released)| end.judge(released))
+        .collect()
 }
 
 /// Runs `calls` as tasks, so they all go out together; their outcomes in `calls`' order

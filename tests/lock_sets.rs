@@ -529,3 +529,36 @@ async fn a_set_taken_at_once_lets_a_keys_queued_waiter_go_first() {
     set.release().await.expect("release");
     nothing_left(&q1, &["j-j", "j-k"]).await;
 }
+
+/// A polling set of more than one call's keys (600: calls of 256) whose key in its second
+/// call is held retries by looking at that call's keys first: over the whole wait Redis runs
+/// no more `SET`s than its first attempt's one call (two per key: the lock and its fence),
+/// however many retries it makes, and the timeout names the held key.
+#[tokio::test]
+async fn a_large_polling_set_retries_by_looking_first() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let locker = Locker::new(server.client().await);
+    let keys: Vec<String> = (0..600).map(|i| format!("{{big}}:{i:03}")).collect();
+    let blocker = locker
+        .acquire(&keys[400], &LockOptions::new())
+        .await
+        .expect("hold key 400");
+    let before = common::server_info::commandstats(&admin).await;
+    match locker
+        .acquire_many_wait(&keys, &tight().with_wait(Duration::from_millis(400)))
+        .await
+    {
+        Err(Error::WaitTimeout { key, attempts, .. }) => {
+            assert_eq!(key, keys[400]);
+            assert!(attempts >= 4, "a few retries at least: {attempts} calls");
+        }
+        other => panic!("expected a wait timeout on {}, got {other:?}", keys[400]),
+    }
+    let after = common::server_info::commandstats(&admin).await;
+    let sets = after.get("set").unwrap_or(&0) - before.get("set").unwrap_or(&0);
+    assert!(sets <= 2 * 256, "{sets} SETs: a retry took keys again");
+    blocker.release().await.expect("release");
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    nothing_left(&locker, &refs).await;
+}

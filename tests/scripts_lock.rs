@@ -1367,3 +1367,75 @@ async fn taking_a_set_is_all_or_none() {
     let fa: Option<String> = c.get(fence_key("t-a")).await.expect("GET");
     assert_eq!(fa, None, "t-a's fence: nothing written");
 }
+
+/// A set's look (`take_set.lua` with ttl `check`) answers as a take would and writes nothing;
+/// the batched give-back (`lua/give_back.lua`) deletes the locks its tokens took free and
+/// leaves every other state, and other tokens' locks, untouched.
+#[tokio::test]
+async fn a_sets_look_writes_nothing_and_the_give_back_deletes_only_free_takes() {
+    let server = RedisServer::start();
+    let c = server.client().await;
+    let look = |keys: &[&str]| {
+        let mut k = Vec::new();
+        let mut argv = vec!["3600000".to_owned(), "check".to_owned()];
+        for key in keys {
+            k.extend([lock_key(key), fence_key(key)]);
+            argv.push("T".to_owned());
+        }
+        (k, argv)
+    };
+    let (k, a) = look(&["g-a", "g-b"]);
+    let free: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("look");
+    assert_eq!(free, [0]);
+    for key in ["g-a", "g-b"] {
+        let v: Option<String> = c.get(lock_key(key)).await.expect("GET");
+        let f: Option<String> = c.get(fence_key(key)).await.expect("GET");
+        assert_eq!((v, f), (None, None), "{key}: a look writes nothing");
+    }
+    let _: () = c
+        .set(
+            lock_key("g-b"),
+            "pU",
+            Some(Expiration::PX(5_000)),
+            None,
+            false,
+        )
+        .await
+        .expect("SET");
+    let (k, a) = look(&["g-a", "g-b"]);
+    let held: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("look");
+    assert_eq!(&held[..2], &[2, 2], "{held:?}");
+
+    // (key, lock value) and the code expected.
+    let rows: [(&str, Option<&str>, i64); 5] = [
+        ("b-free", Some("pT"), 1),
+        ("b-queued", Some("qT"), 6),
+        ("b-handed", Some("hT"), 6),
+        ("b-other", Some("pU"), 0),
+        ("b-gone", None, 0),
+    ];
+    let mut keys = Vec::new();
+    for (key, lock, _) in rows {
+        if let Some(v) = lock {
+            let _: () = c
+                .set(lock_key(key), v, Some(Expiration::PX(5_000)), None, false)
+                .await
+                .expect("SET");
+        }
+        keys.push(lock_key(key));
+    }
+    let argv = vec!["T".to_owned(); rows.len()];
+    let reply: Vec<i64> = c
+        .eval(scripts::GIVE_BACK, keys, argv)
+        .await
+        .expect("give back");
+    assert_eq!(reply, rows.map(|r| r.2).to_vec());
+    for (key, lock, code) in rows {
+        let v: Option<String> = c.get(lock_key(key)).await.expect("GET");
+        if code == 1 {
+            assert_eq!(v, None, "{key}: deleted");
+        } else {
+            assert_eq!(v.as_deref(), lock, "{key}: untouched");
+        }
+    }
+}

@@ -6,7 +6,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
 use crate::options::{check_ttl, Refresh};
 use crate::redis::scripts::Call;
-use crate::redis::{Engine, Extended, Released};
+use crate::redis::{Engine, Extended, GivenBack, Released};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -229,34 +229,22 @@ impl LockGuard {
     /// # Cancel safety
     /// As [`release`](Self::release).
     pub async fn release_after_section(self) -> Result<()> {
+        let end = self.section_end();
+        let released = self.release().await;
+        end.judge(released)
+    }
+
+    /// What [`release_after_section`](Self::release_after_section) knows of the section
+    /// before it releases (now: when the section ended).
+    pub(crate) fn section_end(&self) -> SectionEnd {
         let loss = self.loss();
         let valid_until = self.valid_until();
-        let ended_valid = loss.is_none() && valid_until > Instant::now();
-        let (key, engine) = (self.names.key.clone(), self.engine());
-        let released = self.release().await;
-        if let Some(reason) = loss {
-            return Err(Error::Expired { key, reason });
-        }
-        match released {
-            // Its token still held the lock: nobody else did meanwhile.
-            Ok(()) => Ok(()),
-            // Answered after the lease: it only came late; the section ended while the lock
-            // was valid.
-            Err(Error::NotHeld { .. }) if ended_valid && Instant::now() >= valid_until => {
-                engine
-                    .meter
-                    .late_releases
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                crate::metrics::late_release(engine.meter.subject(&key));
-                tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
-                Ok(())
-            }
-            // Answered within the lease: the lock vanished while the section ran.
-            Err(Error::NotHeld { key }) => Err(Error::Expired {
-                key,
-                reason: LossReason::TokenGone,
-            }),
-            Err(e) => Err(e),
+        SectionEnd {
+            ended_valid: loss.is_none() && valid_until > Instant::now(),
+            loss,
+            valid_until,
+            key: self.names.key.clone(),
+            engine: self.engine(),
         }
     }
 
@@ -376,4 +364,136 @@ impl Drop for LockGuard {
             );
         }
     }
+}
+
+/// A section's end as its guard saw it before the release ([`LockGuard::section_end`]).
+pub(crate) struct SectionEnd {
+    loss: Option<LossReason>,
+    valid_until: Instant,
+    ended_valid: bool,
+    key: String,
+    engine: Arc<Engine>,
+}
+
+impl SectionEnd {
+    /// Whether the lock was held throughout, given what its release said (see
+    /// [`LockGuard::release_after_section`]).
+    pub(crate) fn judge(self, released: Result<()>) -> Result<()> {
+        let SectionEnd {
+            loss,
+            valid_until,
+            ended_valid,
+            key,
+            engine,
+        } = self;
+        if let Some(reason) = loss {
+            return Err(Error::Expired { key, reason });
+        }
+        match released {
+            // Its token still held the lock: nobody else did meanwhile.
+            Ok(()) => Ok(()),
+            // Answered after the lease: it only came late; the section ended while the lock
+            // was valid.
+            Err(Error::NotHeld { .. }) if ended_valid && Instant::now() >= valid_until => {
+                engine
+                    .meter
+                    .late_releases
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::metrics::late_release(engine.meter.subject(&key));
+                tracing::warn!(key = %key, "the release found the lock gone, but the section ended while it was valid");
+                Ok(())
+            }
+            // Answered within the lease: the lock vanished while the section ran.
+            Err(Error::NotHeld { key }) => Err(Error::Expired {
+                key,
+                reason: LossReason::TokenGone,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Releases `guards` (each as [`LockGuard::release`] does) in as few calls as it can: the locks
+/// one token took free (state `p`, nobody queued behind them) in one call per 256 of one hash
+/// slot (`lua/give_back.lua`), every other alone, all at once. Outcomes in `guards`' order.
+///
+/// Cancel safe: a dropped call leaves every guard not yet released to its drop (a background
+/// release).
+pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
+    use fred::interfaces::ClientLike;
+    let n = guards.len();
+    let mut outcomes: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
+    // By (token, slot): a token's calls go through its one client, and a call's keys are in
+    // one slot.
+    let mut groups: std::collections::BTreeMap<(String, u16), Vec<(usize, LockGuard)>> =
+        Default::default();
+    for (i, mut guard) in guards.into_iter().enumerate() {
+        guard.stop_task();
+        let clustered = guard.engine.backend.next_client().is_clustered();
+        let slot = if clustered {
+            fred::util::redis_keyslot(guard.names.lock.as_bytes())
+        } else {
+            0
+        };
+        groups
+            .entry((guard.token.clone(), slot))
+            .or_default()
+            .push((i, guard));
+    }
+    let mut alone: Vec<(usize, LockGuard)> = Vec::new();
+    for ((token, _), mut members) in groups {
+        while !members.is_empty() {
+            let rest = members.split_off(members.len().min(crate::redis::TAKE_SET_MAX));
+            let chunk = std::mem::replace(&mut members, rest);
+            if chunk.len() == 1 {
+                alone.extend(chunk);
+                continue;
+            }
+            let engine = Arc::clone(&chunk[0].1.engine);
+            let locks: Vec<(&Names, &str)> = chunk
+                .iter()
+                .map(|(_, g)| (&g.names, token.as_str()))
+                .collect();
+            let given = engine
+                .give_back_on(
+                    engine.backend.client_for(&token),
+                    &locks,
+                    engine.command_timeout,
+                )
+                .await;
+            match given {
+                Ok(codes) => {
+                    for ((i, mut guard), code) in chunk.into_iter().zip(codes) {
+                        match code {
+                            GivenBack::Deleted => {
+                                guard.released = true;
+                                outcomes[i] = Some(Ok(()));
+                            }
+                            GivenBack::NotHeld => {
+                                guard.released = true;
+                                outcomes[i] = Some(Err(Error::NotHeld {
+                                    key: guard.names.key.clone(),
+                                }));
+                            }
+                            GivenBack::Alone => alone.push((i, guard)),
+                        }
+                    }
+                }
+                // Each alone: its own release retries in the background when it must.
+                Err(_) => alone.extend(chunk),
+            }
+        }
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, guard) in alone {
+        tasks.spawn(async move { (i, guard.release().await) });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((i, outcome)) = joined {
+            outcomes[i] = Some(outcome);
+        }
+    }
+    // (A release whose task the runtime cancelled was handed to the guard's drop: a
+    // background release.)
+    outcomes.into_iter().map(|o| o.unwrap_or(Ok(()))).collect()
 }

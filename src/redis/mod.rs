@@ -12,7 +12,9 @@ mod tls;
 pub(crate) use background::{QueueResidue, ResidueGuard};
 pub(crate) use connect::{connect_client, reconnect_policy, supervise};
 pub use connect::{redact_url, ConnectOptions};
-pub(crate) use scripts::{Attempt, Extended, Queued, Released, SetAttempt, TAKE_SET_MAX};
+pub(crate) use scripts::{
+    Attempt, Extended, GivenBack, Queued, Released, SetAttempt, TAKE_SET_MAX,
+};
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;
 

@@ -50,6 +50,9 @@ pub(crate) const REFRESH: &str = include_str!("lua/refresh.lua");
 /// Take a set of free locks in one call, all or none (on its own: see the script).
 pub(crate) const TAKE_SET: &str = include_str!("lua/take_set.lua");
 
+/// Give back many locks taken free in one call (on its own: see the script).
+pub(crate) const GIVE_BACK: &str = include_str!("lua/give_back.lua");
+
 /// The most locks one [`TAKE_SET`] call takes (the script's bound; a larger set is split).
 pub(crate) const TAKE_SET_MAX: usize = 256;
 
@@ -117,6 +120,17 @@ pub(crate) enum SetAttempt {
     },
     /// Lock `index` is free but waiters may be queued on it (they come first); nothing taken.
     Queued { index: usize },
+}
+
+/// What a batched give-back ([`GIVE_BACK`]) did to one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GivenBack {
+    /// The token does not hold the lock; nothing changed.
+    NotHeld,
+    /// Deleted.
+    Deleted,
+    /// Untouched (waiters may be queued behind it): release it alone.
+    Alone,
 }
 
 /// What a queueing attempt learned about the queue.
@@ -206,6 +220,7 @@ pub(crate) struct Scripts {
     permits: Set,
     refresh: Lua,
     take_set: Lua,
+    give_back: Lua,
     announce: Lua,
     resign: Lua,
     read_leader: Lua,
@@ -230,6 +245,7 @@ impl Scripts {
             },
             refresh: Lua::new(Op::Extend, REFRESH),
             take_set: Lua::new(Op::Acquire, TAKE_SET),
+            give_back: Lua::new(Op::Release, GIVE_BACK),
             announce: Lua::new(Op::Acquire, ELECT_ANNOUNCE),
             resign: Lua::new(Op::Release, ELECT_RESIGN),
             read_leader: Lua::new(Op::Status, ELECT_READ),
@@ -592,14 +608,16 @@ impl Engine {
     }
 
     /// One attempt at a set of locks in one Cluster slot (`lua/take_set.lua`), `(names,
-    /// token)` each, at most [`TAKE_SET_MAX`]: all taken for `ttl_ms`, or none. Errors name
-    /// the first lock's key. Not cancel safe on its own: a dropped or timed-out call may
-    /// still run, and the caller gives back what it may have taken.
+    /// token)` each, at most [`TAKE_SET_MAX`]: all taken for `ttl_ms`, or none (`check`:
+    /// only a look, nothing written: `Taken` with no fences where the set would be taken).
+    /// Errors name the first lock's key. Not cancel safe on its own: a dropped or timed-out
+    /// call may still run, and the caller gives back what it may have taken.
     pub(crate) async fn take_set_on(
         &self,
         client: &Client,
         locks: &[(&Names, &str)],
         ttl_ms: u64,
+        check: bool,
         limit: Duration,
     ) -> Result<SetAttempt> {
         let Some(first) = locks.first().map(|l| l.0) else {
@@ -607,7 +625,11 @@ impl Engine {
         };
         let mut args = Vec::with_capacity(locks.len() + 2);
         args.push(ms(self.retention).to_string());
-        args.push(ttl_ms.to_string());
+        args.push(if check {
+            "check".to_owned()
+        } else {
+            ttl_ms.to_string()
+        });
         args.extend(locks.iter().map(|l| l.1.to_owned()));
         let names: Vec<&Names> = locks.iter().map(|l| l.0).collect();
         let reply = self
@@ -620,6 +642,7 @@ impl Engine {
                 .map(|i| i - 1)
         };
         match reply.as_slice() {
+            [reply::ACQUIRED] if check => Ok(SetAttempt::Taken { fences: Vec::new() }),
             [reply::ACQUIRED, fences @ ..] if fences.len() == locks.len() => {
                 Ok(SetAttempt::Taken {
                     fences: fences.iter().map(|f| (*f).max(0) as u64).collect(),
@@ -649,6 +672,45 @@ impl Engine {
             },
             other => Err(unexpected(first, Op::Acquire, other)),
         }
+    }
+
+    /// Gives back many locks in one Cluster slot (`lua/give_back.lua`), `(names, token)` each,
+    /// at most [`TAKE_SET_MAX`]: each one its token took free (state `p`) is deleted; one answer
+    /// per lock, in order. Errors name the first lock's key. Idempotent, so cancel safe.
+    pub(crate) async fn give_back_on(
+        &self,
+        client: &Client,
+        locks: &[(&Names, &str)],
+        limit: Duration,
+    ) -> Result<Vec<GivenBack>> {
+        let Some(first) = locks.first().map(|l| l.0) else {
+            return Ok(Vec::new());
+        };
+        let keys: Vec<String> = locks.iter().map(|l| l.0.lock.clone()).collect();
+        let args: Vec<String> = locks.iter().map(|l| l.1.to_owned()).collect();
+        let reply: Vec<i64> = self
+            .eval_with(
+                client,
+                &self.scripts.give_back,
+                first,
+                keys,
+                args,
+                limit,
+                Via::Sha,
+            )
+            .await?;
+        if reply.len() != locks.len() {
+            return Err(unexpected(first, Op::Release, &reply));
+        }
+        reply
+            .iter()
+            .map(|code| match *code {
+                reply::NOT_HELD => Ok(GivenBack::NotHeld),
+                reply::DONE => Ok(GivenBack::Deleted),
+                reply::ALONE => Ok(GivenBack::Alone),
+                _ => Err(unexpected(first, Op::Release, &reply)),
+            })
+            .collect()
     }
 
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until

@@ -9,7 +9,7 @@
 
 use super::{Request, Waiting, TIMER_TICK};
 use crate::error::{Error, Result};
-use crate::hold::guard::LockGuard;
+use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Hold;
 use crate::keys::Names;
 use crate::options::LockOptions;
@@ -55,16 +55,46 @@ impl Waiting {
     /// One attempt at the whole set `reqs` (see the [module](self) docs): every key taken and
     /// kept alive, or none held when it returns. A call whose outcome is unknown (dropped, or
     /// timed out: it may still run) gives back its keys in the background, after it.
+    /// `blocked`: the index of the key the last attempt found held; a set of several calls
+    /// first looks at that key's call's keys (one read, nothing written), so that a retry
+    /// that would stop there takes and gives back nothing before it.
     pub(crate) async fn attempt_set(
         &mut self,
         engine: &Arc<Engine>,
         reqs: &[Request],
+        blocked: usize,
     ) -> Result<SetStep> {
         let Some(first) = reqs.first() else {
             return Ok(SetStep::Won(Vec::new()));
         };
         let client = first.client(engine).clone();
         let ttl = first.plan.ttl();
+        let call = blocked / TAKE_SET_MAX;
+        if call > 0 {
+            if let Some(chunk) = reqs.chunks(TAKE_SET_MAX).nth(call) {
+                let sent_at = Instant::now();
+                let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+                self.attempts += 1;
+                let locks: Vec<(&Names, &str)> =
+                    chunk.iter().map(|r| (&r.names, &*r.token)).collect();
+                match engine
+                    .take_set_on(&client, &locks, first.plan.ttl_ms, true, limit)
+                    .await
+                {
+                    Ok(SetAttempt::Taken { .. }) => {}
+                    Ok(SetAttempt::Held { index, remaining }) => {
+                        self.last_error = None;
+                        return Ok(SetStep::Held {
+                            index: call * TAKE_SET_MAX + index,
+                            remaining,
+                        });
+                    }
+                    // (The take that follows serves its queue.)
+                    Ok(SetAttempt::Queued { .. }) => {}
+                    Err(e) => return self.failed(e, cut).map(|_| SetStep::Failed),
+                }
+            }
+        }
         let mut guards: Vec<LockGuard> = Vec::with_capacity(reqs.len());
         for (n, chunk) in reqs.chunks(TAKE_SET_MAX).enumerate() {
             let offset = n * TAKE_SET_MAX;
@@ -83,7 +113,7 @@ impl Waiting {
                 .collect();
             let locks: Vec<(&Names, &str)> = chunk.iter().map(|r| (&r.names, &*r.token)).collect();
             let reply = engine
-                .take_set_on(&client, &locks, first.plan.ttl_ms, limit)
+                .take_set_on(&client, &locks, first.plan.ttl_ms, false, limit)
                 .await;
             if !matches!(&reply, Err(e) if e.is_transient()) {
                 residues.iter_mut().for_each(|r| r.armed = false);
@@ -134,16 +164,10 @@ impl Waiting {
     }
 }
 
-/// Releases `guards`, all at once (a set that found a key held, or failed, holds nothing when
-/// it returns).
+/// Releases `guards` (a set that found a key held, or failed, holds nothing when it returns):
+/// the keys of each call in one call (`release_many`).
 async fn give_back(guards: Vec<LockGuard>) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for guard in guards {
-        tasks.spawn(guard.release());
-    }
-    // (A release whose task the runtime cancelled was handed to the guard's drop: a
-    // background release.)
-    while tasks.join_next().await.is_some() {}
+    release_many(guards).await;
 }
 
 /// One attempt at a set, no waiting: every key, or `Locked` naming the key found held.
@@ -155,7 +179,7 @@ pub(crate) async fn once(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<L
         wait: Duration::ZERO,
         ..first.plan
     });
-    match Box::pin(w.attempt_set(engine, reqs)).await? {
+    match Box::pin(w.attempt_set(engine, reqs, 0)).await? {
         SetStep::Won(guards) => Ok(guards),
         SetStep::Held { index, remaining } => Err(Error::Locked {
             key: reqs[index].names.key.clone(),
@@ -178,7 +202,7 @@ pub(crate) async fn poll(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<L
     // The key the last attempt found held: what a timeout names.
     let mut blocked = 0;
     loop {
-        let remaining = match Box::pin(w.attempt_set(engine, reqs)).await? {
+        let remaining = match Box::pin(w.attempt_set(engine, reqs, blocked)).await? {
             SetStep::Won(guards) => return Ok(guards),
             SetStep::Held { index, remaining } => {
                 blocked = index;

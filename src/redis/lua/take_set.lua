@@ -14,7 +14,8 @@
 --
 -- KEYS: lock 1, fence 1, lock 2, fence 2, ... (one Cluster slot). At most 256 locks: the
 -- caller splits a larger set (src/lock_set.rs).
--- ARGV: retention ms, ttl ms, then token 1, token 2, ...
+-- ARGV: retention ms, ttl ms (or 'check': only look, write nothing, and answer {0} where the
+-- set would be taken), then token 1, token 2, ...
 -- Reply: {0, fence 1, fence 2, ...} every lock taken (a lock its token holds already in state
 -- 'p', the call sent again, counts as taken, with its fence); {2, i, pttl} lock i is held
 -- (pttl -1: no expiry), nothing written; {2, i, -3} lock i is free but waiters may be queued
@@ -56,6 +57,7 @@ for i = 1, n do
     prev[i] = tonumber(f) or 0
   end
 end
+if ARGV[2] == 'check' then return {0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {0}
