@@ -464,18 +464,40 @@ impl<S: Strategy> Locker<S> {
             // The last burst's failure when it was a connection error or a timeout: what the
             // call ends with if the deadline passes before the key is waited for.
             let mut transient: Option<Error> = None;
+            // The key a burst found held when the keys before it in its call were not taken
+            // (a call takes all of its keys or none): they are tried, up to it, before it is
+            // waited for.
+            let mut upto: Option<usize> = None;
             while guards.len() < keys.len() && !lost.is_cancelled() {
                 let key = &keys[guards.len()];
                 if !must_wait {
-                    let burst = &keys[guards.len()..keys.len().min(guards.len() + BURST)];
+                    let cut = upto.take();
+                    let end = cut.unwrap_or(keys.len()).min(guards.len() + BURST);
+                    let burst = &keys[guards.len()..end];
                     attempts = attempts.saturating_add(burst.len() as u32);
                     let (taken, failed) = self.attempt_all(burst, opts, &lost).await;
                     guards.extend(taken);
                     match failed {
-                        None => {}
+                        // Up to the held key: it is next.
+                        None => match cut {
+                            Some(c) if end < c => upto = Some(c),
+                            Some(_) => must_wait = true,
+                            None => {}
+                        },
                         Some(e) if wait => {
+                            let from = guards.len();
+                            let held = match &e {
+                                Error::Locked { key, .. } => keys[from..end]
+                                    .iter()
+                                    .position(|k| k == key)
+                                    .map(|p| from + p),
+                                _ => None,
+                            };
                             transient = e.is_transient().then_some(e);
-                            must_wait = true;
+                            match held {
+                                Some(h) if h > from => upto = Some(h),
+                                _ => must_wait = true,
+                            }
                         }
                         Some(e) => {
                             release_all(guards, false).await;

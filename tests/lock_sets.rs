@@ -562,3 +562,46 @@ async fn a_large_polling_set_retries_by_looking_first() {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     nothing_left(&locker, &refs).await;
 }
+
+/// In order, a key found held inside a call of many keys (which takes none of them) is
+/// waited for after the keys before it are taken in one more call, not one key at a time:
+/// a queued locker's set of 300 keys in one slot, key 200 held, takes the set in a handful of
+/// script calls once key 200 is released.
+#[tokio::test]
+async fn in_order_a_held_key_inside_a_call_is_waited_for_directly() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let queued = common::queued_locker(&server.url()).await;
+    let other = Locker::new(server.client().await);
+    let keys: Vec<String> = (0..300).map(|i| format!("{{run}}:{i:03}")).collect();
+    let blocker = other
+        .acquire(&keys[200], &LockOptions::new())
+        .await
+        .expect("hold key 200");
+    let before = common::server_info::commandstats(&admin).await;
+    let waiting = {
+        let (queued, keys) = (queued.clone(), keys.clone());
+        tokio::spawn(async move {
+            queued
+                .acquire_many_wait(&keys, &set_opts().with_wait(Duration::from_secs(30)))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other.status(&keys[200]).await.expect("status").queued == 0 {
+        assert!(Instant::now() < deadline, "the set never queued on key 200");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    blocker.release().await.expect("release key 200");
+    let set = waiting.await.expect("task").expect("the set");
+    assert_eq!(set.keys().count(), 300);
+    let after = common::server_info::commandstats(&admin).await;
+    let scripts = common::server_info::calls_since(&before, &after).0;
+    // The first key's attempt, one burst (2 calls), the keys before key 200 (1), key 200's
+    // queueing attempt and the release that grants it, the rest (1), and the polls of the
+    // status above (1 each): far below one call per key.
+    assert!(scripts < 60, "{scripts} script calls for a set of 300");
+    set.release().await.expect("release");
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    nothing_left(&queued, &refs).await;
+}
