@@ -415,9 +415,10 @@ impl<S: Strategy> Locker<S> {
         wait: bool,
     ) -> Result<LockSetGuard> {
         let start = Instant::now();
-        let reqs = set::requests(&self.engine, keys, opts, self.strategy.process_id())?;
+        let pid = self.strategy.process_id();
+        let mut reqs = set::requests(&self.engine, keys, opts, pid)?;
         let taken = if wait {
-            set::poll(&self.engine, &reqs).await
+            set::poll(&self.engine, &mut reqs, pid).await
         } else {
             set::once(&self.engine, &reqs).await
         };
@@ -591,7 +592,15 @@ impl<S: Strategy> Locker<S> {
         let outcomes = all_at_once(groups.iter().map(|group| {
             let engine = Arc::clone(&self.engine);
             let reqs = set::requests(&engine, group, opts, self.strategy.process_id());
-            async move { set::once(&engine, &reqs?).await }
+            async move {
+                let reqs = reqs?;
+                let taken = set::once(&engine, &reqs).await;
+                // (each key counts as one attempt in the locker's stats, as a key's `acquire`)
+                for req in &reqs {
+                    engine.meter.record(&req.names.key, &taken, None);
+                }
+                taken
+            }
         }))
         .await;
         let (mut kept, mut extra, mut failed) = (Vec::new(), Vec::new(), None);

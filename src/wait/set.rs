@@ -190,8 +190,15 @@ pub(crate) async fn once(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<L
 }
 
 /// A polling wait for a set: attempt the whole set; if a key is held, sleep
-/// `min(backoff, its holder's TTL, deadline)` holding nothing, and try again.
-pub(crate) async fn poll(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<LockGuard>> {
+/// `min(backoff, its holder's TTL, deadline)` holding nothing, and try again, with a new
+/// token (`token_pid`'s, as [`requests`] makes them): what an attempt gave back late (a
+/// release retried in the background, a give-back after an unknown outcome) can then never
+/// hit what a later attempt took.
+pub(crate) async fn poll(
+    engine: &Arc<Engine>,
+    reqs: &mut [Request],
+    token_pid: &str,
+) -> Result<Vec<LockGuard>> {
     let Some(first) = reqs.first() else {
         return Ok(Vec::new());
     };
@@ -202,6 +209,12 @@ pub(crate) async fn poll(engine: &Arc<Engine>, reqs: &[Request]) -> Result<Vec<L
     // The key the last attempt found held: what a timeout names.
     let mut blocked = 0;
     loop {
+        if w.attempts > 0 {
+            let token: Arc<str> = Arc::from(super::own_token(token_pid));
+            for req in reqs.iter_mut() {
+                req.token = Arc::clone(&token);
+            }
+        }
         let remaining = match Box::pin(w.attempt_set(engine, reqs, blocked)).await? {
             SetStep::Won(guards) => return Ok(guards),
             SetStep::Held { index, remaining } => {
