@@ -537,19 +537,31 @@ pub(crate) async fn poll(engine: &Arc<Engine>, req: &Request) -> Result<LockGuar
             Step::Held { remaining, .. } => remaining,
             Step::Failed => None,
         };
-        let now = Instant::now();
-        if now >= w.deadline {
+        if !w.pause(&req.names.key, remaining).await {
             return Err(w.give_up(req));
         }
-        let sleep = w.backoff(now, remaining);
-        tracing::debug!(key = %req.names.key, attempts = w.attempts, ?sleep, "waiting (timer)");
-        if now + sleep >= w.deadline {
+    }
+}
+
+impl Waiting {
+    /// A polling wait's pause before its next attempt: `min(backoff, the holder's
+    /// `remaining` TTL, the deadline)`, on `key`'s behalf. False (and no sleep) once the
+    /// deadline has passed.
+    pub(crate) async fn pause(&mut self, key: &str, remaining: Option<Duration>) -> bool {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        let sleep = self.backoff(now, remaining);
+        tracing::debug!(key = %key, attempts = self.attempts, ?sleep, "waiting (timer)");
+        if now + sleep >= self.deadline {
             // The deadline is kept to the tick (tokio's timers fire on the millisecond after).
             tokio::time::sleep(sleep.saturating_sub(TIMER_TICK)).await;
-            until(w.deadline).await;
+            until(self.deadline).await;
         } else {
             tokio::time::sleep(sleep).await;
         }
+        true
     }
 }
 

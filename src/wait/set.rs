@@ -7,7 +7,7 @@
 //! It never holds a key while it waits, and never takes a key whose queue may have waiters
 //! (they come first, as for one key).
 
-use super::{Request, Waiting, TIMER_TICK};
+use super::{Request, Waiting};
 use crate::error::{Error, Result};
 use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Hold;
@@ -125,7 +125,7 @@ impl Waiting {
                         // background.)
                         residues.iter_mut().for_each(|r| r.armed = true);
                         drop(residues);
-                        give_back(guards).await;
+                        release_many(guards).await;
                         return self.failed(e, cut).map(|_| SetStep::Failed);
                     }
                     drop(residues);
@@ -148,12 +148,12 @@ impl Waiting {
                 }
                 Err(e) => {
                     drop(residues);
-                    give_back(guards).await;
+                    release_many(guards).await;
                     return self.failed(e, cut).map(|_| SetStep::Failed);
                 }
             };
             drop(residues);
-            give_back(guards).await;
+            release_many(guards).await;
             self.last_error = None;
             return Ok(SetStep::Held {
                 index: held.0,
@@ -162,12 +162,6 @@ impl Waiting {
         }
         Ok(SetStep::Won(guards))
     }
-}
-
-/// Releases `guards` (a set that found a key held, or failed, holds nothing when it returns):
-/// the keys of each call in one call (`release_many`).
-async fn give_back(guards: Vec<LockGuard>) {
-    release_many(guards).await;
 }
 
 /// One attempt at a set, no waiting: every key, or `Locked` naming the key found held.
@@ -223,17 +217,8 @@ pub(crate) async fn poll(
             }
             SetStep::Failed => None,
         };
-        let now = Instant::now();
-        if now >= w.deadline {
+        if !w.pause(&reqs[blocked].names.key, remaining).await {
             return Err(w.give_up(&reqs[blocked]));
-        }
-        let sleep = w.backoff(now, remaining);
-        tracing::debug!(key = %reqs[blocked].names.key, attempts = w.attempts, ?sleep, "set waiting (timer)");
-        if now + sleep >= w.deadline {
-            tokio::time::sleep(sleep.saturating_sub(TIMER_TICK)).await;
-            super::until(w.deadline).await;
-        } else {
-            tokio::time::sleep(sleep).await;
         }
     }
 }
