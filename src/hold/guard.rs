@@ -415,7 +415,9 @@ impl SectionEnd {
 
 /// Releases `guards` (each as [`LockGuard::release`] does) in as few calls as it can: the locks
 /// one token took free (state `p`, nobody queued behind them) in one call per 256 of one hash
-/// slot (`lua/give_back.lua`), every other alone, all at once. Outcomes in `guards`' order.
+/// slot (`lua/give_back.lua`), every other alone. Every call goes out at once: a lock released
+/// alone from the start (most often one with waiters behind it, whose release hands it on)
+/// does not wait for a batch. Outcomes in `guards`' order.
 ///
 /// Cancel safe: a dropped call leaves every guard not yet released to its drop (a background
 /// release).
@@ -423,13 +425,15 @@ pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
     use fred::interfaces::ClientLike;
     let n = guards.len();
     let mut outcomes: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
+    let clustered = guards
+        .first()
+        .is_some_and(|g| g.engine.backend.next_client().is_clustered());
     // By (token, slot): a token's calls go through its one client, and a call's keys are in
     // one slot.
     let mut groups: std::collections::BTreeMap<(String, u16), Vec<(usize, LockGuard)>> =
         Default::default();
     for (i, mut guard) in guards.into_iter().enumerate() {
         guard.stop_task();
-        let clustered = guard.engine.backend.next_client().is_clustered();
         let slot = if clustered {
             fred::util::redis_keyslot(guard.names.lock.as_bytes())
         } else {
@@ -440,55 +444,26 @@ pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
             .or_default()
             .push((i, guard));
     }
-    let mut alone: Vec<(usize, LockGuard)> = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for ((token, _), mut members) in groups {
         while !members.is_empty() {
             let rest = members.split_off(members.len().min(crate::redis::TAKE_SET_MAX));
             let chunk = std::mem::replace(&mut members, rest);
-            if chunk.len() == 1 {
-                alone.extend(chunk);
-                continue;
-            }
-            let engine = Arc::clone(&chunk[0].1.engine);
-            let locks: Vec<(&Names, &str)> = chunk
-                .iter()
-                .map(|(_, g)| (&g.names, token.as_str()))
-                .collect();
-            let given = engine
-                .give_back_on(
-                    engine.backend.client_for(&token),
-                    &locks,
-                    engine.command_timeout,
-                )
-                .await;
-            match given {
-                Ok(codes) => {
-                    for ((i, mut guard), code) in chunk.into_iter().zip(codes) {
-                        match code {
-                            GivenBack::Deleted => {
-                                guard.released = true;
-                                outcomes[i] = Some(Ok(()));
-                            }
-                            GivenBack::NotHeld => {
-                                guard.released = true;
-                                outcomes[i] = Some(Err(Error::NotHeld {
-                                    key: guard.names.key.clone(),
-                                }));
-                            }
-                            GivenBack::Alone => alone.push((i, guard)),
-                        }
-                    }
-                }
-                // Each alone: its own release retries in the background when it must.
-                Err(_) => alone.extend(chunk),
-            }
+            tasks.spawn(release_chunk(token.clone(), chunk));
         }
     }
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, guard) in alone {
-        tasks.spawn(async move { (i, guard.release().await) });
-    }
+    // The locks a batch left alone, released together once their batch answered.
+    let mut alone = tokio::task::JoinSet::new();
     while let Some(joined) = tasks.join_next().await {
+        let Ok((done, left)) = joined else { continue };
+        for (i, outcome) in done {
+            outcomes[i] = Some(outcome);
+        }
+        for (i, guard) in left {
+            alone.spawn(async move { (i, guard.release().await) });
+        }
+    }
+    while let Some(joined) = alone.join_next().await {
         if let Ok((i, outcome)) = joined {
             outcomes[i] = Some(outcome);
         }
@@ -496,4 +471,55 @@ pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
     // (A release whose task the runtime cancelled was handed to the guard's drop: a
     // background release.)
     outcomes.into_iter().map(|o| o.unwrap_or(Ok(()))).collect()
+}
+
+/// One chunk of [`release_many`] (one token, one slot): a lone lock released alone, else one
+/// give-back call. The outcomes it has, and the locks left to release alone (another state,
+/// or the call failed: each release retries in the background when it must).
+async fn release_chunk(
+    token: String,
+    chunk: Vec<(usize, LockGuard)>,
+) -> (Vec<(usize, Result<()>)>, Vec<(usize, LockGuard)>) {
+    if chunk.len() == 1 {
+        let mut done = Vec::with_capacity(1);
+        for (i, guard) in chunk {
+            done.push((i, guard.release().await));
+        }
+        return (done, Vec::new());
+    }
+    let engine = Arc::clone(&chunk[0].1.engine);
+    let locks: Vec<(&Names, &str)> = chunk
+        .iter()
+        .map(|(_, g)| (&g.names, token.as_str()))
+        .collect();
+    let given = engine
+        .give_back_on(
+            engine.backend.client_for(&token),
+            &locks,
+            engine.command_timeout,
+        )
+        .await;
+    let Ok(codes) = given else {
+        return (Vec::new(), chunk);
+    };
+    let (mut done, mut left) = (Vec::new(), Vec::new());
+    for ((i, mut guard), code) in chunk.into_iter().zip(codes) {
+        match code {
+            GivenBack::Deleted => {
+                guard.released = true;
+                done.push((i, Ok(())));
+            }
+            GivenBack::NotHeld => {
+                guard.released = true;
+                done.push((
+                    i,
+                    Err(Error::NotHeld {
+                        key: guard.names.key.clone(),
+                    }),
+                ));
+            }
+            GivenBack::Alone => left.push((i, guard)),
+        }
+    }
+    (done, left)
 }
