@@ -576,12 +576,14 @@ impl<S: Strategy> Locker<S> {
     ) -> (Vec<LockGuard>, Option<Error>) {
         let clustered = self.engine.backend.next_client().is_clustered();
         // Runs of keys in one slot (the keys are sorted by slot), at most 256 each.
+        let slots: Vec<u16> = keys
+            .iter()
+            .map(|k| if clustered { self.slot(k) } else { 0 })
+            .collect();
         let mut groups: Vec<&[String]> = Vec::new();
         let mut start = 0;
         for i in 1..=keys.len() {
-            let split = i == keys.len()
-                || i - start == TAKE_SET_MAX
-                || (clustered && self.slot(&keys[i]) != self.slot(&keys[start]));
+            let split = i == keys.len() || i - start == TAKE_SET_MAX || slots[i] != slots[start];
             if split {
                 groups.push(&keys[start..i]);
                 start = i;
