@@ -1275,6 +1275,18 @@ async fn the_batched_refresh_does_extends_fast_path_and_leaves_the_rest_alone() 
     }
 }
 
+/// `take_set.lua`'s `KEYS` and `ARGV` for `keys`, all with token `T`, the retention an hour and
+/// `ttl` ms (or `check`).
+fn take_set_call(keys: &[&str], ttl: &str) -> (Vec<String>, Vec<String>) {
+    let mut k = Vec::new();
+    let mut argv = vec!["3600000".to_owned(), ttl.to_owned()];
+    for key in keys {
+        k.extend([lock_key(key), fence_key(key)]);
+        argv.push("T".to_owned());
+    }
+    (k, argv)
+}
+
 /// Taking a set in one call (`lua/take_set.lua`): free locks are all taken (state 'p', the
 /// TTL, fences above the last one and Redis' clock); one lock held, free with waiters queued,
 /// or of another type stops the call with nothing written; sent again, the call finds its own
@@ -1284,15 +1296,7 @@ async fn taking_a_set_is_all_or_none() {
     let server = RedisServer::start();
     let c = server.client().await;
     let set = ["s-a", "s-b", "s-c"];
-    let call = |keys: &[&str]| {
-        let mut k = Vec::new();
-        let mut argv = vec!["3600000".to_owned(), "30000".to_owned()];
-        for key in keys {
-            k.extend([lock_key(key), fence_key(key)]);
-            argv.push("T".to_owned());
-        }
-        (k, argv)
-    };
+    let call = |keys: &[&str]| take_set_call(keys, "30000");
     let huge = "9999999999999999";
     let _: () = c
         .set(fence_key("s-b"), huge, None, None, false)
@@ -1375,15 +1379,7 @@ async fn taking_a_set_is_all_or_none() {
 async fn a_sets_look_writes_nothing_and_the_give_back_deletes_only_free_takes() {
     let server = RedisServer::start();
     let c = server.client().await;
-    let look = |keys: &[&str]| {
-        let mut k = Vec::new();
-        let mut argv = vec!["3600000".to_owned(), "check".to_owned()];
-        for key in keys {
-            k.extend([lock_key(key), fence_key(key)]);
-            argv.push("T".to_owned());
-        }
-        (k, argv)
-    };
+    let look = |keys: &[&str]| take_set_call(keys, "check");
     let (k, a) = look(&["g-a", "g-b"]);
     let free: Vec<i64> = c.eval(scripts::TAKE_SET, k, a).await.expect("look");
     assert_eq!(free, [0]);
