@@ -8,7 +8,9 @@
 -- listening 0 says nobody listens on its process's grant channel (Redis dropped the
 -- subscription, e.g. when a Cluster slot moved), fence is the latest fence now (a grant
 -- message with a fence not above it was published before this call and must not be used),
--- rank its place in the queue (0: first), time Redis' clock in microseconds; {4} the lock was
+-- rank its place in the queue (0: first), time Redis' clock in microseconds (pttl -1 also
+-- when the lock is free while a set at the head of its queue waits for its other keys:
+-- nothing to look at); {4} the lock was
 -- free with only departed waiters at the head of the queue: it is the caller's only to pass
 -- on (call release until it says something else, then try again).
 local lock = KEYS[1]
@@ -48,6 +50,13 @@ if not cur then
     L.keep(CLAIM)
     L.fence_flags(true, nil, nil, CLAIM)
     return {CONTINUE}
+  end
+  if got == 'blocked' then
+    -- The oldest live waiter is a set that waits for its other keys: the lock stays free, and
+    -- the caller waits behind the set (no lease to look at: -1).
+    redis.call('DEL', lock)
+    L.fence_flags(true, nil)
+    px = -1
   end
   if MEMBER == '' then return {HELD, px, 0, 1} end
   return L.enqueue(px)

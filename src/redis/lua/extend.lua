@@ -19,8 +19,10 @@ local fv = redis.call('GETEX', KEYS[2], 'PX', tonumber(RETAIN) + tonumber(TTL))
 local L = nil
 if state ~= TAKEN then
   -- The queue lives as long as the lease and the retention, and the watchers (who skip the
-  -- holder's process, the caller's) are told when the lease now ends.
+  -- holder's process, the caller's) are told when the lease now ends. A departed set at the
+  -- head of the queue is dropped (it may hold back the waiters of its other, free, keys).
   L = slow()
+  L.drop_departed_set()
   L.watch(PID, tonumber(TTL), true, nil, nil, true)
   L.keep(tonumber(TTL))
 end

@@ -18,6 +18,16 @@
 --   takes the lock, and when the first waiter queues behind a lock taken free (from the
 --   holder's token, which a queued locker makes "<pid>/<uuid>"; unknown for a polling
 --   locker's or a fixed token).
+-- Sets (several keys of one node waited for at once, queue.lua's set member): a set waits in
+--   each of its keys' queues and is granted all of its keys in one call, only when it heads
+--   each of those queues and each key is free (`set_ready`); so a release (or any call that
+--   serves a queue) whose oldest live waiter is a set that cannot be granted yet leaves the
+--   lock free, with the set at the head of its queue ("blocked": later waiters wait behind
+--   it), and the call that frees its last key grants it. A set's other keys are in the same
+--   Cluster slot (or on a single server), so a call on one key reads and writes them (names
+--   it builds, as it builds the channels): a read that a slot migration refuses ends the call
+--   with TRYAGAIN before it writes any of them. A set found departed leaves every queue it is
+--   in (`gone_set`).
 
 local TAKEN, QUEUED, HANDED, GRANTED = 'p', 'q', 'h', 'g'
 
@@ -47,27 +57,39 @@ end
 
 -- Takes the next fence: max(previous + 1, Redis TIME in microseconds), written with the given
 -- hints, for the lease `px` just set plus the retention (the counter, and its hints, outlive
--- every lease: a lock held longer than the retention keeps its fence and its 'q'). Returns the
--- fence and the previous value.
-local function next_fence(queued, pid, px)
+-- every lease: a lock held longer than the retention keeps its fence and its 'q'), in `fkey`
+-- (KEYS[2] if nil). Returns the fence and the previous value.
+local function next_fence(queued, pid, px, fkey)
+  fkey = fkey or KEYS[2]
   local f = now_us()
   local life = tonumber(RETAIN) + px
-  local old = redis.call('SET', KEYS[2], fence_text(f, queued, pid), 'PX', life, 'GET')
+  local old = redis.call('SET', fkey, fence_text(f, queued, pid), 'PX', life, 'GET')
   local prev = fence_parse(old)
   if prev >= f then
     f = prev + 1
-    redis.call('SET', KEYS[2], fence_text(f, queued, pid), 'PX', life)
+    redis.call('SET', fkey, fence_text(f, queued, pid), 'PX', life)
   end
   return f, old
 end
 
--- The lock's slow paths, on the queue layer's functions (which `slow()` also gives), built
--- once, only when a call needs them.
-local lock_fns
-local function slow()
-  if lock_fns then return lock_fns end
-  local Q = queue()
-  local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- A read of another key of a set (a name the call built): in a slot being migrated a key that
+-- is not here cannot be read, and the call ends (TRYAGAIN: the caller sends it again) before
+-- it writes any of the set's keys.
+local function other(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    return error({err = 'TRYAGAIN waitlock: a key of a set is not on this node yet (' .. r.err .. ')'})
+  end
+  return r
+end
+
+-- The lock's slow paths on key `lock` (its fence `fkey`, queue `q`, processes `pkey`), on that
+-- key's queue layer (whose functions they also give), built only when a call needs them;
+-- `slow()` is the call's own key's, built once.
+local slow_at
+local function slow_fns(lock, fkey, q, pkey)
+  local Q = queue_at(lock, q, pkey)
+  local fns
 
   -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
   -- set) says it must last that lease plus the retention. A missing counter is started at
@@ -93,19 +115,131 @@ local function slow()
     return f
   end
 
+  -- The short lease of a grant to a process not seen lately: always shorter than its
+  -- waiter's TTL `ttl`, so that its waiter always confirms it (a TTL within the claim window
+  -- gets half of it): one left unconfirmed would keep naming its process as pending, which a
+  -- later lapse would mark 'x'.
+  local function short(ttl)
+    if ttl > CLAIM then return CLAIM end
+    return math.max(1, math.floor(ttl / 2))
+  end
+
+  -- This key is handed to `token` of process `pid` in `state` ('h' full, 'g' short) for `px`
+  -- ms, with waiters left in its queue or not (`more`): the next fence (naming `pid` as
+  -- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
+  -- holder's), the queue's life. `tell`: publishes the one-key grant message before the
+  -- watchers' (a set's one message goes after all its keys). `was_free`: the key was free
+  -- (a set's other key), so a short grant its fence names as pending lapsed unconfirmed: its
+  -- process is frozen or gone, as an attempt on the free lock would find. Returns the fence.
+  local function hand(state, token, pid, px, more, tell, was_free)
+    local pending = nil
+    if more and state == GRANTED then pending = pid end
+    local f, old = next_fence(more, pending, px, fkey)
+    if was_free then
+      local _, _, lapsed = fence_parse(old)
+      if lapsed and lapsed ~= pid then Q.lapse(lapsed) end
+    end
+    redis.call('SET', lock, state .. token, 'PX', px)
+    if tell then tell(f) end
+    -- ('!h' = pid, with the watchers.)
+    Q.watch(pid, px, nil, nil, nil, true, pid)
+    -- (The hash may be new here: it gets an expiry either way.)
+    if more then Q.keep(px) else Q.retain() end
+    return f
+  end
+
+  -- Whether set member `m` (the head of this key's queue, live) can be granted now: each of
+  -- its other keys is free and has `m` at the head of its queue. (Only the head is read there:
+  -- a departed waiter ahead of it is found by a call on that key.)
+  local function set_ready(m)
+    for _, l in ipairs(m.set) do
+      if l ~= lock then
+        if other('GET', l) then return false end
+        if other('ZRANGE', l .. ':q', 0, 0)[1] ~= m.member then return false end
+      end
+    end
+    return true
+  end
+
+  -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
+  -- already, `behind` says whether waiters are left in it) in one step, each as `hand` does,
+  -- and tells its process in one message ('m4', on its channel). Returns the PX.
+  local function grant_set(m, behind)
+    local full = m.p.is == 'fresh'
+    local px = m.ttl
+    if not full then px = short(px) end
+    local state = full and HANDED or GRANTED
+    local fences = {}
+    for j, l in ipairs(m.set) do
+      local more
+      local L = fns
+      if l == lock then
+        more = behind
+        if more == nil then more = redis.call('ZCARD', q) > 0 end
+      else
+        local lq = l .. ':q'
+        redis.call('ZREM', lq, m.member)
+        more = redis.call('ZCARD', lq) > 0
+        L = slow_at(l)
+      end
+      fences[j] = string.format('%.0f', L.hand(state, m.token, m.pid, px, more, nil, l ~= lock))
+    end
+    Q.publish(m.p.how, m.chan, 'm4 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' ..
+      table.concat(fences, ',') .. ' ' .. m.member)
+    return px
+  end
+
+  -- A departed set `m`, dropped from this key's queue by a walk, leaves its other keys'
+  -- queues too; where it was the head of a free key's queue, that key's watchers are told to
+  -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
+  -- watchers are kept fit (it may have been one of them).
+  local function gone_set(m)
+    for _, l in ipairs(m.set) do
+      if l ~= lock then
+        local lq = l .. ':q'
+        local head = other('ZRANGE', lq, 0, 0)[1]
+        if redis.call('ZREM', lq, m.member) == 1 then
+          local cur = redis.call('GET', l)
+          local O = slow_at(l)
+          if cur then
+            O.watch(O.holder_pid(), math.max(redis.call('PTTL', l), 0))
+          elseif head == m.member then
+            O.watch('', 0)
+          else
+            O.watch('', NO_LEASE)
+          end
+        end
+      end
+    end
+  end
+  Q.gone_set = gone_set
+
   -- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
   -- others (`walk`). A fresh process gets the waiter's full TTL (state 'h'): its waiter holds
   -- the lock when the message arrives, with no further step. A stale one gets a short grant
   -- (state 'g'): its waiter confirms before it uses the lock, and if it does not, the grant
   -- lapses. The waiters behind are told to watch the new holder's lease (see `watch`), and the
-  -- queue lives that lease and the retention. Returns 'self' (the oldest live waiter is
-  -- `self`: removed, nothing written), 'granted' and the PX, 'empty', or 'more' (SCAN departed
-  -- waiters dropped, more to look at: call again).
+  -- queue lives that lease and the retention. A set is granted all of its keys when it is
+  -- ready (`set_ready`), else it stays at the head and the lock stays free ('blocked'); the
+  -- caller's own set member (a set's attempt) stays too ('self'). Returns 'self' (the oldest
+  -- live waiter is `self`: a one-key waiter's member is removed, nothing written), 'granted'
+  -- and the PX, 'blocked', 'empty', or 'more' (SCAN departed waiters dropped, more to look
+  -- at: call again).
   local function serve(self)
-    local chosen = nil
+    local chosen, blocked = nil, false
     -- (The watchers' processes are learnt with the heads': `ahead`.)
     Q.ahead(true)
     local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
+      if m.set then
+        if m.own then
+          chosen = m
+          return 'stop'
+        end
+        if not set_ready(m) then
+          blocked = true
+          return 'stop'
+        end
+      end
       chosen = m
       return 'last'
     end)
@@ -114,39 +248,44 @@ local function slow()
       if full_scan then return 'more' end
       return 'empty'
     end
+    if blocked then return 'blocked' end
     if chosen.own then return 'self' end
+    if chosen.set then return 'granted', grant_set(chosen, behind) end
     local pid, token, p = chosen.pid, chosen.token, chosen.p
     local full = p.is == 'fresh'
     local px = chosen.ttl
-    if not full then
-      -- A short grant is always shorter than its waiter's TTL, so that its waiter always
-      -- confirms it (a TTL within the claim window gets half of it): one left unconfirmed
-      -- would keep naming its process as pending, which a later lapse would mark 'x'.
-      if px > CLAIM then px = CLAIM else px = math.max(1, math.floor(px / 2)) end
-    end
+    if not full then px = short(px) end
     -- (Every member before the chosen one left: the queue is what is behind it.)
     local more = behind
     if more == nil then more = redis.call('ZCARD', q) > 0 end
-    local pending = nil
-    if more and not full then pending = pid end
-    local f = next_fence(more, pending, px)
-    local state = full and HANDED or GRANTED
-    redis.call('SET', lock, state .. token, 'PX', px)
-    Q.grant(p.how, pid, f, px, token)
-    -- ('!h' = pid, with the watchers.)
-    Q.watch(pid, px, nil, nil, nil, true, pid)
-    -- (The hash may be new here: it gets an expiry either way.)
-    if more then Q.keep(px) else Q.retain() end
+    hand(full and HANDED or GRANTED, token, pid, px, more, function(f)
+      Q.grant(p.how, pid, f, px, token)
+    end)
     return 'granted', px
   end
 
+  -- The lock is free while a set at the head of its queue waits for its other keys: the fence
+  -- keeps saying waiters may be queued, there is no holder, and the watchers have no lease to
+  -- look at (NO_LEASE: the set's grant tells them the next one).
+  local function leave_blocked()
+    redis.call('DEL', lock)
+    fence_flags(true, nil)
+    Q.watch('', NO_LEASE, nil, nil, nil, true, '')
+    Q.keep(NO_LEASE)
+  end
+
   -- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
-  -- Returns DONE (deleted), HANDED_OVER, or CONTINUE (departed waiters dropped, more to look
-  -- at: the lock stays the caller's for the claim window, and it calls release again).
+  -- Returns DONE (deleted, or left free for a set that waits: 'blocked'), HANDED_OVER, or
+  -- CONTINUE (departed waiters dropped, more to look at: the lock stays the caller's for the
+  -- claim window, and it calls release again).
   local function release_held(state)
     if state ~= TAKEN then
       local r = serve('')
       if r == 'granted' then return HANDED_OVER end
+      if r == 'blocked' then
+        leave_blocked()
+        return DONE
+      end
       if r == 'more' then
         redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
         Q.flush({}, 0)
@@ -203,8 +342,39 @@ local function slow()
     return redis.call('HGET', pkey, '!h') or ''
   end
 
-  lock_fns = setmetatable({serve = serve, release_held = release_held,
+  -- A refresh of a held lock with waiters: a departed set at the head of the queue is dropped
+  -- (from each of its queues: `gone_set`), so that the waiters it held back on its free keys
+  -- are served within a refresh; any other head is left to the release.
+  local function drop_departed_set()
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    local m = head and Q.parse(head)
+    if not (m and m.set) then return end
+    if Q.process(m).is == 'gone' then
+      redis.call('ZREM', q, head)
+      gone_set(m)
+    end
+  end
+
+  fns = setmetatable({serve = serve, release_held = release_held,
     confirm_grant = confirm_grant, enqueue = enqueue, fence_flags = fence_flags,
-    held_by = held_by, holder_pid = holder_pid}, {__index = Q})
+    held_by = held_by, holder_pid = holder_pid, hand = hand, leave_blocked = leave_blocked,
+    drop_departed_set = drop_departed_set, lock = lock, fkey = fkey, q = q, pkey = pkey},
+    {__index = Q})
+  return fns
+end
+
+-- The slow paths of another key of a set (the same for the whole call).
+local others = {}
+slow_at = function(l)
+  if not others[l] then others[l] = slow_fns(l, l .. ':fence', l .. ':q', l .. ':p') end
+  return others[l]
+end
+
+local lock_fns
+local function slow()
+  if not lock_fns then
+    lock_fns = slow_fns(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+    others[KEYS[1]] = lock_fns
+  end
   return lock_fns
 end

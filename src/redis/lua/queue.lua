@@ -18,7 +18,11 @@
 -- KEYS[5] the holders' fences. A process's grant channel is KEYS[1] .. ':w:' .. <pid>.
 -- Process id (pid): 12 hex digits per queued locker (its hub: one subscriber connection).
 -- Queue: a sorted set; member "<pid> <ttl ms> <token>", score = Redis time in microseconds at
---   enqueue, never below the last member's + 1 (FIFO across a backward clock step).
+--   enqueue, never below the last member's + 1 (FIFO across a backward clock step). A set's
+--   member (locks only: a queued wait for several keys of one node at once, see lock.lua) is
+--   "<pid> <ttl ms>* <token> <locks>", the same text in each of its keys' queues: <token>
+--   without spaces, <locks> its keys' lock names, each "<length>:<name>", the set's first
+--   key's first. Format 3's scripts read it as malformed (and drop it).
 -- Processes: a hash; field <pid> = Redis time in ms when that process last called on this key
 --   (fresh when 0 <= now - seen <= the presence window: a record in Redis' future, after its
 --   clock stepped back, is not), or 'x' when a short grant to it lapsed (it is frozen or gone:
@@ -30,7 +34,10 @@
 --   <token>'s for px ms from Redis time <grant time>); 'w3 <px ms> <time us> <token>' (<token>
 --   is one of the watchers: look px ms after Redis time <time>, when the lease that ends first
 --   ends); 'd2' (a queue scan dropped this process's waiters because a short grant to it
---   lapsed: they look again, and queue again).
+--   lapsed: they look again, and queue again); 'm4 <px ms> <grant time us> <fence>,<fence>,...
+--   <member>' (the set <member> holds every one of its keys, with these fences in its keys'
+--   order, for px ms from Redis time <grant time>). A set's messages (its grant, its watch
+--   messages for any of its keys, 'd2') go to its first key's channel of its process.
 --
 -- ARGV (every script): token, ttl ms, retention ms (the state, the queue, the processes hash),
 -- claim window ms, presence window ms, queue member or '', the caller's pid or '', flag, fence
@@ -60,26 +67,66 @@ local function now_us()
   return now_cache
 end
 
--- The queue layer's functions, built only when a call needs them (Redis runs the whole script
--- body on every call, and creating a dozen closures there costs the fast paths ~15%), once.
-local queue_fns
-local function queue()
-  if queue_fns then return queue_fns end
-  local key, q, pkey = KEYS[1], KEYS[3], KEYS[4]
-  -- A queue walk looks at this many members at most (bounded script time, however long the
-  -- queue); a call that finds only departed waiters among them says "continue".
-  local SCAN = 200
+-- A queue walk looks at this many members at most (bounded script time, however long the
+-- queue); a call that finds only departed waiters among them says "continue". A call that
+-- walks several queues (a set's) shares one such budget among them: `budget` (nil: each walk
+-- has SCAN of its own, the single key's calls, which walk once).
+local SCAN = 200
+local budget = nil
+
+-- A watcher of a key that is free while a set at the head of its queue waits for its other
+-- keys has no lease to look at: it is told this (ms), the waiter's last resort, as a lease
+-- (it is served by that set's grant, and told again then).
+local NO_LEASE = 100000
+
+-- A set's lock names from its member's tail ("<length>:<name>" each); nil if malformed.
+local function set_locks(text)
+  local locks, pos, n = {}, 1, #text
+  while pos <= n do
+    local len, at = string.match(text, '^(%d+):()', pos)
+    if not len then return nil end
+    local e = at + tonumber(len) - 1
+    if e > n or e < at then return nil end
+    locks[#locks + 1] = string.sub(text, at, e)
+    pos = e + 1
+  end
+  if #locks == 0 then return nil end
+  return locks
+end
+
+-- A member's parts: {member, pid, ttl, token, chan (the grant channel its process listens on
+-- for it), set (a set's lock names, nil for one key's waiter)}; nil if malformed. `key`: the
+-- lock whose queue holds it (a one-key waiter's channel is that key's).
+local function parse_member(m, key)
+  local pid, ttl, star, rest = string.match(m, '^(%S+) (%d+)(%*?) (.*)$')
+  if not pid then return nil end
+  local p = {member = m, pid = pid, ttl = tonumber(ttl)}
+  if star == '' then
+    p.token, p.chan = rest, key .. ':w:' .. pid
+    return p
+  end
+  local token, tail = string.match(rest, '^(%S+) (.+)$')
+  local set = token and set_locks(tail)
+  if not set then return nil end
+  p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
+  return p
+end
+
+-- The queue layer of one key: its functions over the key `key`, its queue `q` and its
+-- processes hash `pkey` (a call on one key has one, `queue()`; a set's calls one per key), built
+-- only when a call needs them (Redis runs the whole script body on every call, and creating a
+-- dozen closures there costs the fast paths ~15%).
+local function queue_at(key, q, pkey)
   local LAPSED = 'x'
 
   local function channel(pid) return key .. ':w:' .. pid end
 
-  -- How a process listens on its grant channel: 's' sharded, 'c' classic, nil nobody (its
+  -- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its
   -- process died, or lost its subscriber connection).
-  -- `listeners(pids)[n]` for each of `pids`, asked in one PUBSUB SHARDNUMSUB (and one NUMSUB
+  -- `listeners(chans)[n]` for each of `chans`, asked in one PUBSUB SHARDNUMSUB (and one NUMSUB
   -- for those nobody listens for sharded).
-  local function listeners(pids)
-    local chans, hows, rest = {}, {}, {}
-    for n, pid in ipairs(pids) do chans[n] = channel(pid) end
+  local function listeners(chans)
+    local hows, rest = {}, {}
     if #chans == 0 then return hows end
     local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
     for n = 1, #chans do
@@ -100,22 +147,29 @@ local function queue()
     return hows
   end
 
-  local function listener(pid) return listeners({pid})[1] end
+  local function listener(pid) return listeners({channel(pid)})[1] end
 
   local function split_member(m)
-    return string.match(m, '^(%S+) (%d+) (.*)$')
+    local p = parse_member(m, key)
+    if p then return p.pid, p.ttl, p.token end
   end
 
-  -- Puts MEMBER at the back of the queue, once. Its score is Redis' clock in microseconds, but
-  -- never below the last member's (+1): after the clock steps back, a newcomer still queues
-  -- behind every waiter already there (FIFO).
-  local function add_member()
-    if redis.call('ZADD', q, 'NX', now_us(), MEMBER) == 1 then
+  local function parse(m) return parse_member(m, key) end
+
+  -- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
+  -- microseconds, but never below the last member's (+1): after the clock steps back, a
+  -- newcomer still queues behind every waiter already there (FIFO). Returns whether it was
+  -- not queued before.
+  local function add_member(member)
+    member = member or MEMBER
+    if redis.call('ZADD', q, 'NX', now_us(), member) == 1 then
       local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-      if last[1] ~= MEMBER then
-        redis.call('ZADD', q, 'XX', tonumber(last[2]) + 1, MEMBER)
+      if last[1] ~= member then
+        redis.call('ZADD', q, 'XX', tonumber(last[2]) + 1, member)
       end
+      return true
     end
+    return false
   end
 
   -- The processes hash outlives its queue by the retention at most: a write that (re)creates
@@ -268,35 +322,33 @@ local function queue()
   -- the back of the queue, which is granted last.
   local WATCHERS = {'!w1', '!w2'}
 
+  -- The instance's functions (`fns`), with the walk group added on first use (see
+  -- `walking`).
+  local fns
+
   -- The walk, the grants and the watchers' choice, built (once) only when a call needs them:
   -- a queueing attempt or a watcher's look does not (their closures were 6% of its time).
   local walk_fns
   local function walking()
     if walk_fns then return walk_fns end
-    local function publish(how, pid, msg)
+    local function publish(how, chan, msg)
       if how == 's' then
-        redis.call('SPUBLISH', channel(pid), msg)
+        redis.call('SPUBLISH', chan, msg)
       else
-        redis.call('PUBLISH', channel(pid), msg)
+        redis.call('PUBLISH', chan, msg)
       end
     end
 
     -- Tells `token`'s waiter in process `pid` (listening `how`) that it holds the key for `px`
     -- ms with fence `f`, from Redis' time now: the 'g2' message.
     local function grant(how, pid, f, px, token)
-      publish(how, pid, 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+      publish(how, channel(pid), 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
     end
 
-    -- A member's pid alone, for `know` (which asks once per pid): the text before its first
-    -- space (a malformed member's may be asked about in vain; `walk` drops the member).
-    local function pid_of(m)
-      local sp = string.find(m, ' ', 1, true)
-      return sp and string.sub(m, 1, sp - 1)
-    end
-
-    -- What a queue walk knows of each process (asked once per call): listening how, and
-    -- 'fresh' (seen within the presence window), 'stale' (listening, not seen lately) or 'gone'
-    -- (nobody listens, or its short grant lapsed).
+    -- What a queue walk knows of each listener of a member (asked once per call), by its
+    -- channel: listening how, and 'fresh' (its process seen on this key within the presence
+    -- window), 'stale' (listening, not seen lately) or 'gone' (nobody listens, or its process's
+    -- short grant lapsed).
     local known = {}
     local function judge(rec, how)
       local k = {lapsed = rec == LAPSED, how = how}
@@ -313,17 +365,21 @@ local function queue()
       return k
     end
 
-    -- Learns what `process` says of each of `pids` not known yet, in one read of their records
-    -- (none for those whose record `pre` has, from `read_fields`) and one (or, for classic
-    -- pub/sub, two) of their listeners, whatever their number.
-    local function know(pids, pre)
-      local ask, asked, unread = {}, {}, {}
+    -- Learns what `known` says of each of `ms` (parsed members, nil ones skipped) not known
+    -- yet, in one read of their processes' records (none for those whose record `pre` has,
+    -- from `read_fields`) and one (or, for classic pub/sub, two) of their listeners, whatever
+    -- their number.
+    local function know(ms, pre)
+      local ask, asked, unread, wanted = {}, {}, {}, {}
       pre = pre or {}
-      for _, pid in ipairs(pids) do
-        if pid and not known[pid] and not asked[pid] then
-          asked[pid] = true
-          ask[#ask + 1] = pid
-          if pre[pid] == nil then unread[#unread + 1] = pid end
+      for _, m in pairs(ms) do
+        if m and not known[m.chan] and not asked[m.chan] then
+          asked[m.chan] = true
+          ask[#ask + 1] = m
+          if pre[m.pid] == nil and not wanted[m.pid] then
+            wanted[m.pid] = true
+            unread[#unread + 1] = m.pid
+          end
         end
       end
       if #ask == 0 then return end
@@ -332,25 +388,25 @@ local function queue()
         for j, pid in ipairs(unread) do pre[pid] = r[j] or false end
       end
       local recs = {}
-      for j, pid in ipairs(ask) do recs[j] = pre[pid] or nil end
       -- A lapsed process is gone whoever listens: only the others are asked about. (A due
       -- record reads as written: see `seen`.)
       local live, of = {}, {}
-      for j, pid in ipairs(ask) do
-        if pid == due then recs[j] = math.floor(now_us() / 1000) end
+      for j, m in ipairs(ask) do
+        recs[j] = pre[m.pid] or nil
+        if m.pid == due then recs[j] = math.floor(now_us() / 1000) end
         if recs[j] ~= LAPSED then
-          live[#live + 1] = pid
+          live[#live + 1] = m.chan
           of[#live] = j
         end
       end
       local hows = {}
       for n, how in pairs(listeners(live)) do hows[of[n]] = how end
-      for j, pid in ipairs(ask) do known[pid] = judge(recs[j], hows[j]) end
+      for j, m in ipairs(ask) do known[m.chan] = judge(recs[j], hows[j]) end
     end
 
-    local function process(pid)
-      if not known[pid] then know({pid}) end
-      return known[pid]
+    local function process(m)
+      if not known[m.chan] then know({m}) end
+      return known[m.chan]
     end
 
     -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
@@ -360,40 +416,46 @@ local function queue()
     local ahead_on, ahead_was = false, nil
 
     -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
-    -- script. A member of a process that is gone (nobody listens, or it lapsed) is dropped; a
-    -- lapsed process that still listens is told ('d2') once, so its waiters do not sleep out of
-    -- the queue. `visit(m)` sees every other member, the caller's own too (`m.own`: `self`, or
-    -- any member of `own_token`), with `m.pid`, `m.ttl`, `m.token`, and `m.p`
-    -- (`process(m.pid)`, not for the caller's own) and answers 'take' (it leaves the queue and
-    -- the walk goes on), 'last' (it leaves and the walk ends), 'stop' (it stays and the walk
-    -- ends) or nil (it stays and the walk goes on). A malformed member is dropped. The members
-    -- that leave go in one ZREM. Returns whether the walk ended by `visit`, whether it saw SCAN
-    -- members (more may be left), how many left the queue, and whether members are left behind
-    -- the last one it visited (nil: not known without asking).
+    -- script. A member whose process is gone (nobody listens, or it lapsed) is dropped (a set's
+    -- from each of its queues: `fns.gone_set`, the lock's); a lapsed process that still listens
+    -- is told ('d2') once, so its waiters do not sleep out of the queue. `visit(m)` sees every
+    -- other member, the caller's own too (`m.own`: `self`, or any member of `own_token`), with
+    -- `m.pid`, `m.ttl`, `m.token`, `m.chan`, `m.set`, and `m.p` (`process(m)`, not for the
+    -- caller's own) and answers 'take' (it leaves the queue and the walk goes on), 'last' (it
+    -- leaves and the walk ends), 'stop' (it stays and the walk ends) or nil (it stays and the
+    -- walk goes on). A malformed member is dropped. The members that leave go in one ZREM.
+    -- Returns whether the walk ended by `visit`, whether it saw all the members it could (more
+    -- may be left), how many left the queue, and whether members are left behind the last one
+    -- it visited (nil: not known without asking).
     local function walk(self, own_token, visit)
-      local out, stopped = {}, false
-      -- Heads are read a few at a time (most walks stop at the first live one), SCAN at most:
-      -- `from` heads read so far, `heads` the last batch, `i` its members visited.
-      local from, heads, i, size, full = 0, {}, 0, 8, true
+      local out, stopped, gone = {}, false, {}
+      local limit = SCAN
+      if budget then limit = math.max(0, math.min(SCAN, budget)) end
+      -- Heads are read a few at a time (most walks stop at the first live one), `limit` at
+      -- most: `from` heads read so far, `heads` the last batch, `i` its members visited.
+      local from, heads, i, size, full = 0, {}, 0, 8, limit > 0
       local function next_head()
         if i == #heads then
-          if not full or from >= SCAN then return nil end
-          local n = math.min(size, SCAN - from)
+          if not full or from >= limit then return nil end
+          local n = math.min(size, limit - from)
           heads = redis.call('ZRANGE', q, from, from + n - 1)
           full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
           if #heads == 0 then return nil end
-          local pids, pre = {}, nil
-          for k, head in ipairs(heads) do pids[k] = pid_of(head) end
+          local ms, pids, pre = {}, {}, nil
+          for k, head in ipairs(heads) do
+            ms[k] = parse(head) or false
+            if ms[k] then pids[#pids + 1] = ms[k].pid end
+          end
           if ahead_on and not ahead_was then
             -- (The heads' records in the same HMGET: with few processes, the watchers' are among
             -- them, and `know` reads nothing more.)
             ahead_was, pre = read_fields(pids)
             for n = 1, 2 do
               local m = watcher_of(ahead_was[n])
-              if m then pids[#pids + 1] = pid_of(m) end
+              ms[#ms + 1] = m and parse(m) or false
             end
           end
-          know(pids, pre)
+          know(ms, pre)
         end
         i = i + 1
         return heads[i]
@@ -401,24 +463,30 @@ local function queue()
       while true do
         local head = next_head()
         if not head then break end
-        local pid, ttl, token = split_member(head)
-        local m = {member = head, pid = pid, ttl = ttl and tonumber(ttl), token = token}
-        m.own = head == self or (own_token ~= nil and token == own_token)
+        local m = parse(head)
         local verdict
-        if not pid then
+        if not m then
           verdict = 'take'
-        elseif m.own then
-          verdict = visit(m)
         else
-          m.p = process(pid)
-          if m.p.lapsed and not m.p.told then
-            -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
-            -- know, or they sleep with nobody to wake them.
-            m.p.told = true
-            local how = listener(pid)
-            if how then publish(how, pid, 'd2') end
+          m.own = head == self or (own_token ~= nil and m.token == own_token)
+          if m.own then
+            verdict = visit(m)
+          else
+            m.p = process(m)
+            if m.p.lapsed and not m.p.told then
+              -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
+              -- know, or they sleep with nobody to wake them.
+              m.p.told = true
+              local how = listeners({m.chan})[1]
+              if how then publish(how, m.chan, 'd2') end
+            end
+            if m.p.is == 'gone' then
+              verdict = 'take'
+              if m.set then gone[#gone + 1] = m end
+            else
+              verdict = visit(m)
+            end
           end
-          if m.p.is == 'gone' then verdict = 'take' else verdict = visit(m) end
         end
         if verdict == 'take' or verdict == 'last' then out[#out + 1] = head end
         if verdict == 'last' or verdict == 'stop' then
@@ -427,10 +495,16 @@ local function queue()
         end
       end
       if #out > 0 then redis.call('ZREM', q, unpack(out)) end
+      if budget then budget = budget - (from - (#heads - i)) end
+      -- A departed set leaves each of its queues (it must not stay ahead of the waiters
+      -- there, nor come back behind them in one queue only).
+      if fns.gone_set then
+        for _, m in ipairs(gone) do fns.gone_set(m) end
+      end
       -- Members behind the last one visited: true, false, or nil (not read: maybe).
       local behind = i < #heads or nil
       if not behind and not full then behind = false end
-      return stopped, from - (#heads - i) == SCAN, #out, behind
+      return stopped, from - (#heads - i) == limit, #out, behind
     end
 
     -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see
@@ -462,10 +536,11 @@ local function queue()
       local cur = {}
       for i = 1, 2 do
         local m, at = watcher_of(was[i])
-        if m then cur[#cur + 1] = {m = m, at = at} end
+        local p = m and parse(m)
+        if p then cur[#cur + 1] = {m = m, at = at, p = p} end
       end
       if #cur > 0 then
-        know({pid_of(cur[1].m), cur[2] and pid_of(cur[2].m)})
+        know({cur[1].p, cur[2] and cur[2].p})
         local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
         for j, c in ipairs(cur) do
           if score[j] then cands[#cands + 1] = c end
@@ -490,22 +565,25 @@ local function queue()
             end
             -- (Fewer than 4: the queue has no more.)
             if #tail < 4 then tail_read = 2 end
-            local tail_pids = {}
+            local tail_ms = {}
             for k = #tail, 1, -1 do
-              cands[#cands + 1] = {m = tail[k]}
-              tail_pids[#tail_pids + 1] = pid_of(tail[k])
+              local p = parse(tail[k])
+              if p then
+                cands[#cands + 1] = {m = tail[k], p = p}
+                tail_ms[#tail_ms + 1] = p
+              end
             end
-            know(tail_pids)
+            know(tail_ms)
             if j > #cands then return end
           end
           local c = cands[j]
           j = j + 1
-          local wpid, _, wtoken = split_member(c.m)
-          if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
-            local p = process(wpid)
+          local wpid = c.p.pid
+          if not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
+            local p = process(c.p)
             if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
               pids[wpid] = true
-              c.pid, c.token, c.how = wpid, wtoken, p.how
+              c.how = p.how
               chosen[#chosen + 1] = c
             end
           end
@@ -533,7 +611,7 @@ local function queue()
         local c = chosen[i]
         if c then
           if not c.at or until_ms < c.at or (later and until_ms > c.at) then
-            publish(c.how, c.pid, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.token)
+            publish(c.how, c.p.chan, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.p.token)
             c.at = until_ms
           end
           put(i, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
@@ -557,12 +635,14 @@ local function queue()
     return walk_fns
   end
 
-  -- MEMBER, just queued with the lease that ends first ending in `pttl` ms: whether it watches
-  -- the key (it is a watcher already, or takes a free field); records when it will look. The
-  -- two watchers stay in two processes (one process's fault must not silence both), and a
-  -- newcomer of another process replaces a watcher of a holder's process (which would fail
-  -- with the holder): `holding` is the set of the holders' processes (nil: a lock's, its '!h').
-  local function watching(pttl, holding)
+  -- `member` (MEMBER if nil), just queued with the lease that ends first ending in `pttl` ms
+  -- (-1: no lease to look at, NO_LEASE): whether it watches the key (it is a watcher already,
+  -- or takes a free field); records when it will look. The two watchers stay in two
+  -- processes (one process's fault must not silence both), and a newcomer of another process
+  -- replaces a watcher of a holder's process (which would fail with the holder): `holding` is
+  -- the set of the holders' processes (nil: a lock's, its '!h').
+  local function watching(pttl, holding, member)
+    member = member or MEMBER
     local ms, pids = {}, {}
     local was = read_fields()
     use_hint(was)
@@ -573,7 +653,7 @@ local function queue()
     local function fits(i) return pids[3 - i] ~= PID end
     local mine = nil
     for i = 1, 2 do
-      if ms[i] == MEMBER then mine = i end
+      if ms[i] == member then mine = i end
     end
     if not mine then
       for i = 1, 2 do
@@ -596,8 +676,8 @@ local function queue()
       flush({}, 0)
       return 0
     end
-    if pttl < 0 then pttl = 0 end
-    local v = string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. MEMBER
+    if pttl == -1 then pttl = NO_LEASE elseif pttl < 0 then pttl = 0 end
+    local v = string.format('%.0f', math.floor(now_us() / 1000) + pttl) .. ' ' .. member
     if was[mine] == v then
       flush({}, 0)
     else
@@ -626,13 +706,23 @@ local function queue()
     return {HELD, pttl, 1, listening, f, watcher, now_us(), depth}
   end
 
-  queue_fns = setmetatable({channel = channel, listener = listener,
-    split_member = split_member, add_member = add_member, retain = retain, keep = keep,
-    seen = seen, flush = flush, lapse = lapse, watching = watching, queued_reply = queued_reply},
-    {__index = function(fns, name)
+  fns = setmetatable({channel = channel, listener = listener, listeners = listeners,
+    split_member = split_member, parse = parse, add_member = add_member, retain = retain,
+    keep = keep, seen = seen, flush = flush, lapse = lapse, watching = watching,
+    queued_reply = queued_reply},
+    {__index = function(t, name)
+      -- (Only the walk group: `gone_set`, a hook the lock sets, may be absent.)
+      if name == 'gone_set' then return nil end
       local more = walking()
-      for k, f in pairs(more) do rawset(fns, k, f) end
+      for k, f in pairs(more) do rawset(t, k, f) end
       return more[name]
     end})
+  return fns
+end
+
+-- The queue layer of the call's key (KEYS[1], its queue KEYS[3], its processes KEYS[4]).
+local queue_fns
+local function queue()
+  if not queue_fns then queue_fns = queue_at(KEYS[1], KEYS[3], KEYS[4]) end
   return queue_fns
 end
