@@ -76,6 +76,20 @@ pub mod scripts {
     /// `ARGV` a token per lock. One reply code per lock: 0 not held, 1 deleted (state `p`), 6
     /// left alone (release it with [`RELEASE`]).
     pub const GIVE_BACK: &str = crate::redis::scripts::GIVE_BACK;
+    /// A set of locks on one node (one Cluster slot, or a single server) waited for at once:
+    /// takes every key, or queues the set's member (`"<process id> <ttl ms>* <token>
+    /// <locks>"`, each lock name as `<length>:<name>`, the first key's first) once in every
+    /// key's queue. `KEYS` lock, fence, queue, processes of each key; `ARGV` as above. Reply
+    /// `{0 | 1 | 3, ttl, fence 1, fence 2, ...}` held (taken, already held, a short grant
+    /// confirmed), `{2, pttl, 0, i}` key i held, `{2, pttl, 1, listening, fence, watching,
+    /// time, depth}` queued, `{4, i}` release key i and try again.
+    pub const SET_ACQUIRE: &str = crate::redis::scripts::SET_ACQUIRE;
+    /// Release every key of a set (`KEYS` as [`SET_ACQUIRE`]): one reply code per key as
+    /// [`RELEASE`]'s, or `{4}` (call again).
+    pub const SET_RELEASE: &str = crate::redis::scripts::SET_RELEASE;
+    /// A set's waiter leaves every queue (`KEYS` as [`SET_ACQUIRE`], flags as [`LEAVE`]; the
+    /// fence of flag `o` is the grant's fences, `f1,f2,...`).
+    pub const SET_LEAVE: &str = crate::redis::scripts::SET_LEAVE;
     /// Permits (a semaphore's, a read-write lock's): acquire, queueing when given a member.
     /// `KEYS` are holders `{pk}:s`, state `{pk}:s:fence`, queue `{pk}:s:q`, processes
     /// `{pk}:s:p`, holder fences `{pk}:s:f`; `ARGV` as above, then the key's permits. The

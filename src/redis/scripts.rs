@@ -44,6 +44,12 @@ pub(crate) const RELEASE: &str = lua!("lua/release.lua");
 pub(crate) const LEAVE: &str = lua!("lua/leave.lua");
 /// Status: read only.
 pub(crate) const STATUS: &str = lua!("lua/status.lua");
+/// A set's attempt on one node: every key, or queued once in every key's queue.
+pub(crate) const SET_ACQUIRE: &str = lua!("lua/set_acquire.lua");
+/// A set's release: every key let go, then each one's queue served.
+pub(crate) const SET_RELEASE: &str = lua!("lua/set_release.lua");
+/// A set's waiter leaves every queue, keeping or giving back a grant.
+pub(crate) const SET_LEAVE: &str = lua!("lua/set_leave.lua");
 
 /// Refresh many locks taken free in one call (on its own: see the script).
 pub(crate) const REFRESH: &str = include_str!("lua/refresh.lua");

@@ -1,0 +1,61 @@
+-- Model: a set that leaves, `Act::Leave` of model/src/sets.rs (change both together).
+-- A set's waiter leaves: MEMBER (the set's member) out of every one of its keys' queues; a key
+-- that is free and whose queue it headed (it held the waiters there back) is served; the others
+-- keep their watchers fit. Then, if TOKEN holds the set's keys, it gives them back (as
+-- set_release.lua): FLAG 'G' whatever it holds, FLAG 'o' only the keys still held by the
+-- unclaimed grant whose fences FENCE lists ("<fence 1>,<fence 2>,...": a grant whose waiter had
+-- gone; a newer grant, or one its waiter claimed, is kept).
+-- KEYS: lock, fence, queue, processes of each key. ARGV: as every lock script's.
+-- Reply {0} it gave nothing back; {2} it gave keys back; {4} departed waiters dropped, more to
+-- look at on some key, which is TOKEN's for the claim window: call set_release.lua.
+budget = SCAN
+local n = #KEYS / 4
+local more = false
+if MEMBER ~= '' then
+  for j = 1, n do
+    local l, q = KEYS[4 * j - 3], KEYS[4 * j - 1]
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if redis.call('ZREM', q, MEMBER) == 1 then
+      local K = slow_at(l)
+      local cur = redis.call('GET', l)
+      if cur then
+        K.watch(K.holder_pid(), math.max(redis.call('PTTL', l), 0))
+      elseif head == MEMBER then
+        if K.release_held(QUEUED) == CONTINUE then more = true end
+      else
+        K.watch('', NO_LEASE)
+      end
+    end
+  end
+end
+local fences = {}
+if FLAG == 'o' then
+  for f in string.gmatch(FENCE, '[^,]+') do fences[#fences + 1] = f end
+end
+local gave, serve = false, {}
+for j = 1, n do
+  local l = KEYS[4 * j - 3]
+  local cur = redis.call('GET', l)
+  if cur and holder_of(cur) == TOKEN then
+    local state = state_of(cur)
+    local mine = true
+    if FLAG == 'o' then
+      mine = (state == HANDED or state == GRANTED)
+        and string.format('%.0f', (fence_parse(redis.call('GET', KEYS[4 * j - 2])))) == fences[j]
+    end
+    if mine then
+      gave = true
+      redis.call('DEL', l)
+      if state ~= TAKEN then serve[#serve + 1] = j end
+    end
+  end
+end
+for _, j in ipairs(serve) do
+  local l = KEYS[4 * j - 3]
+  if not redis.call('GET', l) then
+    if slow_at(l).release_held(QUEUED) == CONTINUE then more = true end
+  end
+end
+if more then return {CONTINUE} end
+if gave then return {HANDED_OVER} end
+return {NOT_HELD}
