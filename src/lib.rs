@@ -82,7 +82,8 @@ pub mod scripts {
     /// key's queue. `KEYS` lock, fence, queue, processes of each key; `ARGV` as above. Reply
     /// `{0 | 1 | 3, ttl, fence 1, fence 2, ...}` held (taken, already held, a short grant
     /// confirmed), `{2, pttl, 0, i}` key i held, `{2, pttl, 1, listening, fence, watching,
-    /// time, depth}` queued, `{4, i}` release key i and try again.
+    /// time, depth, i}` queued (waiting for key i first), `{4, i}` release key i and try
+    /// again.
     pub const SET_ACQUIRE: &str = crate::redis::scripts::SET_ACQUIRE;
     /// Release every key of a set (`KEYS` as [`SET_ACQUIRE`]): one reply code per key as
     /// [`RELEASE`]'s, or `{4}` (call again).

@@ -33,7 +33,8 @@ use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
 use crate::redis::TAKE_SET_MAX;
 use crate::strategy::Strategy;
-use crate::wait::set;
+use crate::wait::notify;
+use crate::wait::set::{self, QUEUED_SET_MAX};
 use fred::interfaces::ClientLike;
 use std::future::Future;
 use std::panic::resume_unwind;
@@ -51,6 +52,17 @@ pub const MAX_SET_KEYS: usize = 10_000;
 
 /// Attempts sent at once when a set's next keys are tried together.
 const BURST: usize = 512;
+
+/// How a set is taken (see `Locker::set_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// Keys on one node, in one script (one call per 256 keys), no queue.
+    AtOnce,
+    /// Keys on one node waited for by a queued locker: once in every key's queue.
+    Queued,
+    /// Keys taken one after another in the one order (opt-in).
+    InOrder,
+}
 
 /// A set of held locks, taken together by
 /// [`Locker::acquire_many`] or [`Locker::acquire_many_wait`]: one loss token for the whole
@@ -227,11 +239,11 @@ impl<S: Strategy> Locker<S> {
         keys: &[K],
         opts: &LockOptions,
     ) -> Result<LockSetGuard> {
-        let (keys, atomic) = self.set_order(keys, opts, false)?;
-        if atomic {
-            return self.take_at_once(&keys, opts, false).await;
+        let (keys, path) = self.set_order(keys, opts, false)?;
+        match path {
+            Path::AtOnce | Path::Queued => self.take_at_once(&keys, opts, false).await,
+            Path::InOrder => self.take_in_order(&keys, opts, false).await,
         }
-        self.take_in_order(&keys, opts, false).await
     }
 
     /// Takes every key of `keys`, waiting up to `opts.wait` for all of them: one deadline for
@@ -284,11 +296,12 @@ impl<S: Strategy> Locker<S> {
         opts: &LockOptions,
     ) -> Result<LockSetGuard> {
         let wait = !opts.wait().is_zero();
-        let (keys, atomic) = self.set_order(keys, opts, wait)?;
-        if atomic {
-            return self.take_at_once(&keys, opts, wait).await;
+        let (keys, path) = self.set_order(keys, opts, wait)?;
+        match path {
+            Path::AtOnce => self.take_at_once(&keys, opts, wait).await,
+            Path::Queued => self.take_queued(&keys, opts).await,
+            Path::InOrder => self.take_in_order(&keys, opts, wait).await,
         }
-        self.take_in_order(&keys, opts, wait).await
     }
 
     /// Runs `f` under the locks on every key of `keys`: takes them as
@@ -330,15 +343,16 @@ impl<S: Strategy> Locker<S> {
     }
 
     /// The set's keys, checked (nothing sent), without duplicates, in the order every caller
-    /// takes them: by hash slot, then by key; and whether they are taken at once (one node,
-    /// and no queued waiting: see [`take_at_once`](Self::take_at_once)) rather than in order
-    /// (which needs the caller's opt-in).
+    /// takes them: by hash slot, then by key; and how they are taken: at once (one node: see
+    /// [`take_at_once`](Self::take_at_once)), waited for at once in every key's queue (a
+    /// queued locker's wait on one node, at most `QUEUED_SET_MAX` keys: see
+    /// [`take_queued`](Self::take_queued)), or in order (which needs the caller's opt-in).
     fn set_order<K: AsRef<str>>(
         &self,
         keys: &[K],
         opts: &LockOptions,
         wait: bool,
-    ) -> Result<(Vec<String>, bool)> {
+    ) -> Result<(Vec<String>, Path)> {
         let first = keys.first().map_or("", |k| k.as_ref());
         if keys.is_empty() {
             return Err(Error::invalid_option(
@@ -375,19 +389,22 @@ impl<S: Strategy> Locker<S> {
         order.dedup();
         let one_node = !self.engine.backend.next_client().is_clustered()
             || order.first().map(|o| o.0) == order.last().map(|o| o.0);
-        // A queued locker's waiting set is taken in order: the atomic path's queued wait (in
-        // every key's queue at once) is not built yet.
-        let queued_wait = wait && !self.strategy.process_id().is_empty();
-        let atomic = one_node && !queued_wait;
-        if !atomic && !opts.ordered_sets() {
+        let queued_wait = wait && self.strategy.hub().is_some();
+        let path = match (one_node, queued_wait) {
+            (true, false) => Path::AtOnce,
+            (true, true) if order.len() <= QUEUED_SET_MAX => Path::Queued,
+            _ => Path::InOrder,
+        };
+        if path == Path::InOrder && !opts.ordered_sets() {
             let mut slots: Vec<u16> = order.iter().map(|(slot, _)| *slot).collect();
             slots.dedup();
             let shown: Vec<String> = slots.iter().take(8).map(u16::to_string).collect();
             let more = if slots.len() > 8 { ", ..." } else { "" };
             let reason = if one_node {
-                "a queued locker waits for a set only in order for now (each key held while \
-                 the next is waited for); opt in with LockOptions::with_ordered_sets, or take \
-                 the set at once with acquire_many or a polling locker"
+                "a queued locker waits for at most QUEUED_SET_MAX (64) keys at once; a larger \
+                 set only in order (each key held while the next is waited for): opt in with \
+                 LockOptions::with_ordered_sets, split the set, or take it at once with \
+                 acquire_many or a polling locker"
             } else {
                 "keys in several hash slots can only be taken in order (each key held while \
                  the next is waited for); opt in with LockOptions::with_ordered_sets, or give \
@@ -400,7 +417,39 @@ impl<S: Strategy> Locker<S> {
                 reason,
             ));
         }
-        Ok((order.into_iter().map(|(_, key)| key).collect(), atomic))
+        Ok((order.into_iter().map(|(_, key)| key).collect(), path))
+    }
+
+    /// A queued locker's wait for `keys` (on one node, at most `QUEUED_SET_MAX`) at once: the
+    /// set's member in every key's queue, holding nothing, granted every key in one step and
+    /// one message when it heads each of those queues and each key is free (FIFO among sets
+    /// that overlap: `lua/set_acquire.lua`, docs/design.md). Each key is kept alive from the
+    /// moment the set is held, with the set's shared loss token.
+    async fn take_queued(&self, keys: &[String], opts: &LockOptions) -> Result<LockSetGuard> {
+        let start = Instant::now();
+        let pid = self.strategy.process_id();
+        let reqs = set::queued_requests(&self.engine, keys, opts, pid)?;
+        let taken = match self.strategy.hub() {
+            Some(hub) => notify::wait(&self.engine, hub, &set::SetRequest::new(reqs)).await,
+            None => set::once(&self.engine, &reqs).await,
+        };
+        let waited = Some(start.elapsed());
+        for key in keys {
+            self.engine.meter.record(key, &taken, waited);
+        }
+        let mut guards = taken?;
+        let lost = CancellationToken::new();
+        for guard in &mut guards {
+            guard.keep_alive_with(lost.clone());
+        }
+        if let Some((key, reason)) = guards
+            .iter()
+            .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
+        {
+            release_all(guards, false).await;
+            return Err(Error::Expired { key, reason });
+        }
+        Ok(LockSetGuard { guards, lost })
     }
 
     /// Takes `keys` (on one node) at once: every key in one script, or none (one attempt, or,

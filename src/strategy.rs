@@ -65,6 +65,10 @@ pub(crate) mod sealed {
 
         /// Why waiters woke (all zero for a polling locker).
         fn wakes(&self) -> WakeStats;
+
+        /// The queued locker's hub (its waiters wait for a set at once through it); `None`
+        /// for a polling locker.
+        fn hub(&self) -> Option<&Arc<Hub>>;
     }
 
     impl Wait for Poll {
@@ -83,6 +87,10 @@ pub(crate) mod sealed {
         fn wakes(&self) -> WakeStats {
             WakeStats::default()
         }
+
+        fn hub(&self) -> Option<&Arc<Hub>> {
+            None
+        }
     }
 
     impl Wait for Queue {
@@ -100,6 +108,10 @@ pub(crate) mod sealed {
 
         fn wakes(&self) -> WakeStats {
             self.hub.counters.snapshot()
+        }
+
+        fn hub(&self) -> Option<&Arc<Hub>> {
+            Some(&self.hub)
         }
     }
 }

@@ -313,24 +313,30 @@ async fn a_thousand_keys_in_one_slot_on_both_strategies() {
     a_thousand_keys_in_one_slot(Locker::new(server.client().await)).await;
 }
 
-/// A set needs the opt-in (nothing is sent without it), at least one key and at most
-/// `MAX_SET_KEYS`; duplicates are merged; the order given does not matter.
+/// A set that can only be taken in order needs the opt-in (nothing is sent without it); a
+/// set needs at least one key and at most `MAX_SET_KEYS`; duplicates are merged; the order
+/// given does not matter.
 #[tokio::test]
 async fn sets_are_checked_and_merged() {
     let server = RedisServer::start();
     let locker = Locker::new(server.client().await);
     let queued = common::queued_locker(&server.url()).await;
-    match queued
-        .acquire_many_wait(&["m-a", "m-b"], &LockOptions::new())
-        .await
-    {
+    // A queued locker waits for up to 64 keys of one node at once (no opt-in); more only in
+    // order.
+    let many: Vec<String> = (0..65).map(|i| format!("m-{i}")).collect();
+    match queued.acquire_many_wait(&many, &tight()).await {
         Err(Error::InvalidOptions { field, value, .. }) => {
             assert_eq!(field, "ordered_sets");
             assert!(value.contains("hash slots"), "{value}");
         }
         other => panic!("expected InvalidOptions, got {other:?}"),
     }
-    assert!(!locker.status("m-a").await.expect("status").held);
+    assert!(!locker.status("m-0").await.expect("status").held);
+    let set = queued
+        .acquire_many_wait(&["m-a", "m-b"], &tight())
+        .await
+        .expect("at once, no opt-in");
+    set.release().await.expect("release");
     let none: [&str; 0] = [];
     assert!(matches!(
         locker.acquire_many(&none, &set_opts()).await,
@@ -373,37 +379,69 @@ async fn sets_are_checked_and_merged() {
     nothing_left(&locker, &["m-a", "m-b"]).await;
 }
 
-/// With refresh off, the first key's TTL elapsing while a later key is waited for ends the
-/// call with `Expired` naming it (taking the set again would go round until the deadline).
-async fn refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl<S: Strategy>(
-    locker: Locker<S>,
-    other: Locker,
-) {
+/// In order (a queued locker's wait for more than 64 keys, with the opt-in), with refresh
+/// off, the first key's TTL elapsing while a later key is waited for ends the call with
+/// `Expired` naming it (taking the set again would go round until the deadline).
+#[tokio::test]
+async fn refresh_off_ends_a_long_wait_in_order() {
+    let server = RedisServer::start();
+    let locker = common::queued_locker(&server.url()).await;
+    let other = Locker::new(server.client().await);
+    let mut keys: Vec<String> = (0..65).map(|i| format!("r-{i}")).collect();
+    // The one order: by the lock's hash slot, then by key.
+    keys.sort_by_key(|k| (fred::util::redis_keyslot(lock_key(k).as_bytes()), k.clone()));
     let blocker = other
-        .acquire("r-b", &LockOptions::new())
+        .acquire(&keys[1], &LockOptions::new())
         .await
-        .expect("hold r-b");
+        .expect("hold the second key");
     let opts = set_opts()
         .without_refresh()
         .with_ttl(Duration::from_millis(300))
         .with_wait(Duration::from_secs(60));
-    match locker.acquire_many_wait(&["r-a", "r-b"], &opts).await {
-        Err(Error::Expired { key, .. }) => assert_eq!(key, "r-a"),
-        other => panic!("expected Expired on r-a, got {other:?}"),
+    match locker.acquire_many_wait(&keys, &opts).await {
+        Err(Error::Expired { key, .. }) => assert_eq!(key, keys[0]),
+        other => panic!("expected Expired on {}, got {other:?}", keys[0]),
     }
-    nothing_left(&locker, &["r-a"]).await;
+    nothing_left(&locker, &[keys[0].as_str()]).await;
     blocker.release().await.expect("release");
 }
 
+/// A queued locker's set on one node waits at once, holding nothing: with refresh off, a
+/// wait longer than the TTL is only a wait; every key is granted in one step when the held
+/// one is released.
 #[tokio::test]
-async fn refresh_off_ends_a_long_wait_on_both_strategies() {
+async fn a_queued_set_waits_holding_nothing() {
     let server = RedisServer::start();
+    let locker = common::queued_locker(&server.url()).await;
     let other = Locker::new(server.client().await);
-    refresh_off_ends_a_wait_that_outlives_the_first_keys_ttl(
-        common::queued_locker(&server.url()).await,
-        other,
-    )
-    .await;
+    let blocker = other
+        .acquire("h-b", &LockOptions::new())
+        .await
+        .expect("hold h-b");
+    let opts = tight()
+        .without_refresh()
+        .with_ttl(Duration::from_millis(300))
+        .with_wait(Duration::from_secs(60));
+    let waiting = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.acquire_many_wait(&["h-a", "h-b"], &opts).await }
+    });
+    // Queued in both keys' queues, holding neither, for longer than its TTL.
+    common::lock_queued(&other, "h-a", 1)
+        .await
+        .expect("queued on h-a");
+    common::lock_queued(&other, "h-b", 1)
+        .await
+        .expect("queued on h-b");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!other.status("h-a").await.expect("status").held);
+    assert!(!waiting.is_finished());
+    blocker.release().await.expect("release");
+    let set = waiting.await.expect("task").expect("granted at once");
+    assert!(set.fence("h-a").is_some() && set.fence("h-b").is_some());
+    assert!(set.loss().is_none());
+    set.release().await.expect("release");
+    nothing_left(&locker, &["h-a", "h-b"]).await;
 }
 
 /// A polling locker's set on one node waits holding nothing (no opt-in): while one key is
@@ -604,4 +642,97 @@ async fn in_order_a_held_key_inside_a_call_is_waited_for_directly() {
     set.release().await.expect("release");
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     nothing_left(&queued, &refs).await;
+}
+
+/// FIFO for overlapping sets, a queued locker's wait at once: S {f-a, f-b} queues first, then
+/// T {f-b, f-c}, then W on f-a alone, while H holds f-a and f-b. When H releases, S holds
+/// both; T waits although f-c is free all along (it must not pass S on f-b), and W waits
+/// behind S on f-a; when S releases, both are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_sets_are_fifo_and_a_later_set_never_passes_an_older_one() {
+    let server = RedisServer::start();
+    let h = common::queued_locker(&server.url()).await;
+    let (s, t, w) = (
+        common::queued_locker(&server.url()).await,
+        common::queued_locker(&server.url()).await,
+        common::queued_locker(&server.url()).await,
+    );
+    let opts = tight().with_wait(Duration::from_secs(60));
+    let held = h
+        .acquire_many_wait(&["f-a", "f-b"], &opts)
+        .await
+        .expect("H holds f-a, f-b");
+    let s_wait = tokio::spawn({
+        let (s, o) = (s.clone(), opts.clone());
+        async move { s.acquire_many_wait(&["f-a", "f-b"], &o).await }
+    });
+    common::lock_queued(&h, "f-b", 1).await.expect("S queued");
+    let t_wait = tokio::spawn({
+        let (t, o) = (t.clone(), opts.clone());
+        async move { t.acquire_many_wait(&["f-b", "f-c"], &o).await }
+    });
+    common::lock_queued(&h, "f-b", 2).await.expect("T queued");
+    let w_wait = tokio::spawn({
+        let (w, o) = (w.clone(), opts.clone());
+        async move { w.acquire_wait("f-a", &o).await }
+    });
+    common::lock_queued(&h, "f-a", 2).await.expect("W queued");
+    assert!(!h.status("f-c").await.expect("status").held);
+    held.release().await.expect("H releases");
+    let s_set = s_wait.await.expect("task").expect("S holds f-a, f-b");
+    let f = (s_set.fence("f-a"), s_set.fence("f-b"));
+    assert!(f.0.is_some() && f.1.is_some());
+    // S holds both until it releases: T and W wait, f-c stays free.
+    assert!(!t_wait.is_finished() && !w_wait.is_finished());
+    assert!(!h.status("f-c").await.expect("status").held);
+    assert_eq!(h.status("f-b").await.expect("status").queued, 1);
+    s_set.release().await.expect("S releases");
+    let t_set = t_wait.await.expect("task").expect("T holds f-b, f-c");
+    let w_guard = w_wait.await.expect("task").expect("W holds f-a");
+    assert!(t_set.fence("f-b") > f.1);
+    assert!(w_guard.fence() > f.0.unwrap_or(0));
+    t_set.release().await.expect("release");
+    w_guard.release().await.expect("release");
+    nothing_left(&h, &["f-a", "f-b", "f-c"]).await;
+}
+
+/// A queued set's handoff costs the queued wait's calls: its queueing call and the release
+/// that grants it (every key at once, one message), no call of the waiter after the grant.
+#[tokio::test]
+async fn a_queued_set_is_granted_in_one_call_with_one_message() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    let h = common::queued_locker(&server.url()).await;
+    let s = common::queued_locker(&server.url()).await;
+    let opts = tight().with_wait(Duration::from_secs(60));
+    // (Every script loaded once: a first call of each meets NOSCRIPT, counted as a call.)
+    for locker in [&h, &s] {
+        let set = locker
+            .acquire_many_wait(&["g-a", "g-b"], &opts)
+            .await
+            .expect("free");
+        set.release().await.expect("release");
+    }
+    let held = h
+        .acquire_many_wait(&["g-a", "g-b"], &opts)
+        .await
+        .expect("H holds the set");
+    let waiting = tokio::spawn({
+        let (s, o) = (s.clone(), opts.clone());
+        async move { s.acquire_many_wait(&["g-a", "g-b"], &o).await }
+    });
+    common::lock_queued(&h, "g-b", 1).await.expect("S queued");
+    let before = common::script_calls(&admin).await;
+    held.release().await.expect("release");
+    let set = waiting.await.expect("task").expect("S holds the set");
+    // The release (one call for both keys), and the status reads of nobody: the grant needed
+    // no call of the waiter.
+    let calls = common::script_calls(&admin).await - before;
+    assert_eq!(
+        calls, 1,
+        "script calls from the release to S holding the set"
+    );
+    assert!(set.valid_until() > Instant::now() + Duration::from_secs(5));
+    set.release().await.expect("release");
+    nothing_left(&h, &["g-a", "g-b"]).await;
 }

@@ -246,7 +246,8 @@ async fn a_set_queues_once_in_every_queue_holding_nothing_and_is_granted_in_one_
         )
         .await;
     assert_eq!((q[0], q[2], q[3]), (2, 1, 1), "queued, listening: {q:?}");
-    assert_eq!(q.len(), 8);
+    assert_eq!(q.len(), 9);
+    assert_eq!(q[8], 1, "waiting for a first: {q:?}");
     assert_eq!(r.queue("a").await, vec![m.clone()]);
     assert_eq!(r.queue("b").await, vec![m.clone()]);
     // Holding nothing: b is free, and says waiters may be queued.

@@ -5,7 +5,7 @@ use super::refresh::Held;
 use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
 use crate::options::{check_ttl, Refresh};
-use crate::redis::scripts::Call;
+use crate::redis::scripts::{Call, Via};
 use crate::redis::{Engine, Extended, GivenBack, Released};
 use std::sync::Arc;
 use std::time::Duration;
@@ -414,10 +414,13 @@ impl SectionEnd {
 }
 
 /// Releases `guards` (each as [`LockGuard::release`] does) in as few calls as it can: the locks
-/// one token took free (state `p`, nobody queued behind them) in one call per 256 of one hash
-/// slot (`lua/give_back.lua`), every other alone. Every call goes out at once: a lock released
-/// alone from the start (most often one with waiters behind it, whose release hands it on)
-/// does not wait for a batch. Outcomes in `guards`' order.
+/// of one token in one hash slot together, a set's of at most `QUEUED_SET_MAX` (64) in one call
+/// that lets each go and serves each one's queue (`lua/set_release.lua`: a set waiting for
+/// several of them is granted at once), more of them in one call per 256 for those taken free
+/// (state `p`, nobody queued behind them: `lua/give_back.lua`) and every other alone. Every
+/// call goes out at once: a lock released alone from the start (most often one with waiters
+/// behind it, whose release hands it on) does not wait for a batch. Outcomes in `guards`'
+/// order.
 ///
 /// Cancel safe: a dropped call leaves every guard not yet released to its drop (a background
 /// release).
@@ -473,9 +476,10 @@ pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
     outcomes.into_iter().map(|o| o.unwrap_or(Ok(()))).collect()
 }
 
-/// One chunk of [`release_many`] (one token, one slot): a lone lock released alone, else one
-/// give-back call. The outcomes it has, and the locks left to release alone (another state,
-/// or the call failed: each release retries in the background when it must).
+/// One chunk of [`release_many`] (one token, one slot): a lone lock released alone, a set's
+/// in one release call, else one give-back call. The outcomes it has, and the locks left to
+/// release alone (another state, or the call failed: each release retries in the background
+/// when it must).
 async fn release_chunk(
     token: String,
     chunk: Vec<(usize, LockGuard)>,
@@ -488,6 +492,37 @@ async fn release_chunk(
         return (done, Vec::new());
     }
     let engine = Arc::clone(&chunk[0].1.engine);
+    if chunk.len() <= crate::wait::set::QUEUED_SET_MAX {
+        let set: Vec<&Names> = chunk.iter().map(|(_, g)| &g.names).collect();
+        let released = engine
+            .set_release_on(
+                engine.backend.client_for(&token),
+                &set,
+                &token,
+                &chunk[0].1.pid,
+                engine.command_timeout,
+                Via::Sha,
+            )
+            .await;
+        let Ok(codes) = released else {
+            return (Vec::new(), chunk);
+        };
+        let done = chunk
+            .into_iter()
+            .zip(codes)
+            .map(|((i, mut guard), code)| {
+                guard.released = true;
+                let outcome = match code {
+                    Released::NotHeld => Err(Error::NotHeld {
+                        key: guard.names.key.clone(),
+                    }),
+                    Released::Deleted | Released::HandedOver => Ok(()),
+                };
+                (i, outcome)
+            })
+            .collect();
+        return (done, Vec::new());
+    }
     let locks: Vec<(&Names, &str)> = chunk
         .iter()
         .map(|(_, g)| (&g.names, token.as_str()))

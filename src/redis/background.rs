@@ -6,7 +6,7 @@
 //! a clean-up of a token always reaches Redis before that token's later calls, which go
 //! through the same client ([`Backend::client_for`](super::Backend::client_for)).
 
-use super::protocol::{self, Flag};
+use super::protocol::Flag;
 use super::scripts::{Call, Via};
 use super::Engine;
 use crate::keys::Names;
@@ -118,6 +118,47 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// A set's waiter leaves every queue of `set` (when `member` is not empty) and gives back
+    /// what its token holds (`orphan`: only the unclaimed grant with those fences), in a
+    /// background task: a set's wait that ended without the set, or a set's grant whose
+    /// waiter had gone.
+    pub(crate) fn set_leave_in_background(
+        self: &Arc<Self>,
+        set: Vec<Names>,
+        token: String,
+        member: String,
+        pid: String,
+        orphan: Option<Vec<u64>>,
+    ) {
+        let Some(key) = set.first().map(|n| n.key.clone()) else {
+            return;
+        };
+        self.spawn_cleanup(&set[0].key.clone(), move |engine| async move {
+            let client = engine.backend.client_for(&token).clone();
+            let names: Vec<&Names> = set.iter().collect();
+            // With the script's text: a NOSCRIPT retry would go out behind the token's later
+            // calls.
+            match engine
+                .set_leave_on(
+                    &client,
+                    &names,
+                    &token,
+                    &member,
+                    &pid,
+                    orphan.as_deref(),
+                    engine.command_timeout,
+                    Via::Text,
+                )
+                .await
+            {
+                Ok(left) => tracing::debug!(key = %key, ?left, "background departure of a set"),
+                Err(e) => tracing::warn!(key = %key, error = %e, "a set leaving its queues failed; its entries lapse when this process stops listening, its keys by their TTL"),
+            }
+        });
+    }
+}
+
 /// Gives back whatever a token may have taken by an attempt whose outcome is unknown (it was
 /// dropped, or timed out and may still run), when dropped armed.
 pub(crate) struct ResidueGuard<'a> {
@@ -135,42 +176,6 @@ impl Drop for ResidueGuard<'_> {
                 self.token.to_owned(),
                 String::new(),
                 String::new(),
-                Flag::GiveBack,
-            );
-        }
-    }
-}
-
-/// A waiter's place in a Redis queue: when dropped armed (the waiter's future was dropped, its
-/// wait ran out, or it failed after queueing), it leaves the queue in the background and gives
-/// back a grant it may have been sent, so the next waiter is served at once.
-///
-/// It borrows what it needs from the waiting future (whose size is every waiter's cost).
-pub(crate) struct QueueResidue<'a> {
-    pub(crate) engine: &'a Arc<Engine>,
-    pub(crate) names: &'a Names,
-    pub(crate) token: &'a str,
-    /// The waiting process's id (a queued locker's).
-    pub(crate) pid: &'a str,
-    pub(crate) ttl_ms: u64,
-    pub(crate) armed: bool,
-}
-
-impl QueueResidue<'_> {
-    /// The waiter's queue member, as the scripts store it.
-    pub(crate) fn member(&self) -> String {
-        protocol::member(self.pid, self.ttl_ms, self.token)
-    }
-}
-
-impl Drop for QueueResidue<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.engine.leave_in_background(
-                self.names.clone(),
-                self.token.to_owned(),
-                self.member(),
-                self.pid.to_owned(),
                 Flag::GiveBack,
             );
         }

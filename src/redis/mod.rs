@@ -9,11 +9,11 @@ pub(crate) mod sentinel;
 #[cfg(feature = "tls-rustls")]
 mod tls;
 
-pub(crate) use background::{QueueResidue, ResidueGuard};
+pub(crate) use background::ResidueGuard;
 pub(crate) use connect::{connect_client, reconnect_policy, supervise};
 pub use connect::{redact_url, ConnectOptions};
 pub(crate) use scripts::{
-    Attempt, Extended, GivenBack, Queued, Released, SetAttempt, TAKE_SET_MAX,
+    Attempt, Extended, GivenBack, Queued, Released, SetAttempt, SetTry, TAKE_SET_MAX,
 };
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;

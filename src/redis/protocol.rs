@@ -18,6 +18,37 @@ pub(crate) fn member(pid: &str, ttl_ms: u64, token: &str) -> String {
     format!("{pid} {ttl_ms} {token}")
 }
 
+/// A set's queue member, the same in each of its keys' queues (see `lua/queue.lua`):
+/// `"<pid> <ttl ms>* <token> <locks>"`, each lock name as `"<length>:<name>"`, the set's first
+/// key's first (its channel is the set's). The token is generated, without spaces.
+pub(crate) fn set_member<'a>(
+    pid: &str,
+    ttl_ms: u64,
+    token: &str,
+    locks: impl Iterator<Item = &'a str>,
+) -> String {
+    let mut m = format!("{pid} {ttl_ms}* {token} ");
+    for lock in locks {
+        m.push_str(&lock.len().to_string());
+        m.push(':');
+        m.push_str(lock);
+    }
+    m
+}
+
+/// The lock names of a set's member's tail (`"<length>:<name>"` each); `None` if malformed.
+pub(crate) fn set_locks(mut text: &str) -> Option<Vec<&str>> {
+    let mut locks = Vec::new();
+    while !text.is_empty() {
+        let (len, rest) = text.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let name = rest.get(..len)?;
+        locks.push(name);
+        text = &rest[len..];
+    }
+    (!locks.is_empty()).then_some(locks)
+}
+
 /// The separator between a lock's Redis name and a process id in its grant channels.
 const CHANNEL_SEPARATOR: &str = ":w:";
 
@@ -32,10 +63,16 @@ pub(crate) fn lock_of_channel<'a>(channel: &'a str, pid: &str) -> Option<&'a str
 }
 
 /// A message on a grant channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Message<'a> {
-    /// The lock is `token`'s: `"g2 <fence> <px ms> <grant time us> <token>"`.
-    Grant { grant: Grant, token: &'a str },
+    /// The lock is `token`'s: `"g2 <fence> <px ms> <grant time us> <token>"`; or every key of a
+    /// set is: `"m4 <px ms> <grant time us> <fence>,<fence>,... <member>"` (the set's member,
+    /// whose token and lock names it gives: `set`).
+    Grant {
+        grant: Grant,
+        token: &'a str,
+        set: Option<&'a str>,
+    },
     /// `token` is one of the lock's watchers: its holder's lease ends in `px` (0: the lock is
     /// free, look now) from Redis time `at_us`: `"w3 <px ms> <time us> <token>"`. (Format 2,
     /// `"w2 <px ms> <token>"`, did not say when: `at_us` is `None`, and a waiter that reads it
@@ -52,11 +89,20 @@ pub(crate) enum Message<'a> {
 
 /// What a grant gave: the fence of the new hold, the lease Redis set, and when (Redis' clock).
 /// `lease` is `None` for a grant of an older version, which did not say (its waiter confirms
-/// the grant before using it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the grant before using it). A set's grant: `fence` is its first key's, `others` the other
+/// keys' in order (empty for one key).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Grant {
     pub(crate) fence: u64,
     pub(crate) lease: Option<Lease>,
+    pub(crate) others: Vec<u64>,
+}
+
+impl Grant {
+    /// The fences of every key it grants, in order.
+    pub(crate) fn fences(&self) -> impl Iterator<Item = u64> + '_ {
+        std::iter::once(self.fence).chain(self.others.iter().copied())
+    }
 }
 
 /// A lease as Redis set it: `px` from Redis time `at_us` (microseconds).
@@ -87,8 +133,37 @@ impl<'a> Message<'a> {
                             px: Duration::from_millis(px),
                             at_us,
                         }),
+                        others: Vec::new(),
                     },
                     token,
+                    set: None,
+                })
+            }
+            "m4" => {
+                let mut p = rest.splitn(4, ' ');
+                let px = p.next()?.parse().ok()?;
+                let at_us = p.next()?.parse().ok()?;
+                let mut fences = p.next()?.split(',').map(str::parse::<u64>);
+                let fence = fences.next()?.ok()?;
+                let others = fences.collect::<Result<Vec<u64>, _>>().ok()?;
+                // The member: "<pid> <ttl>* <token> <locks>".
+                let member = p.next()?;
+                let (_, rest) = member.split_once("* ")?;
+                let (token, locks) = rest.split_once(' ')?;
+                if set_locks(locks)?.len() != others.len() + 1 {
+                    return None;
+                }
+                Some(Message::Grant {
+                    grant: Grant {
+                        fence,
+                        lease: Some(Lease {
+                            px: Duration::from_millis(px),
+                            at_us,
+                        }),
+                        others,
+                    },
+                    token,
+                    set: Some(locks),
                 })
             }
             // Format 1 (milestone 2): "g <fence> <token>", with a PX it did not say.
@@ -98,8 +173,10 @@ impl<'a> Message<'a> {
                     grant: Grant {
                         fence: fence.parse().ok()?,
                         lease: None,
+                        others: Vec::new(),
                     },
                     token,
+                    set: None,
                 })
             }
             "w3" => {
@@ -205,9 +282,11 @@ mod tests {
                     lease: Some(Lease {
                         px: Duration::from_millis(500),
                         at_us: 1_700_000_000_000_001
-                    })
+                    }),
+                    others: Vec::new(),
                 },
-                token: "tok en"
+                token: "tok en",
+                set: None,
             })
         );
         assert_eq!(
@@ -215,11 +294,37 @@ mod tests {
             Some(Message::Grant {
                 grant: Grant {
                     fence: 9,
-                    lease: None
+                    lease: None,
+                    others: Vec::new(),
                 },
-                token: "t"
+                token: "t",
+                set: None,
             })
         );
+        let member = set_member("ab", 300, "ab/t", ["{w:a}", "{w:b b}"].into_iter());
+        assert_eq!(member, "ab 300* ab/t 5:{w:a}7:{w:b b}");
+        assert_eq!(
+            Message::parse(&format!("m4 500 1700000000000001 7,9 {member}")),
+            Some(Message::Grant {
+                grant: Grant {
+                    fence: 7,
+                    lease: Some(Lease {
+                        px: Duration::from_millis(500),
+                        at_us: 1_700_000_000_000_001
+                    }),
+                    others: vec![9],
+                },
+                token: "ab/t",
+                set: Some("5:{w:a}7:{w:b b}"),
+            })
+        );
+        assert_eq!(
+            set_locks("5:{w:a}7:{w:b b}"),
+            Some(vec!["{w:a}", "{w:b b}"])
+        );
+        for bad in ["", "5:{w:a", "x:{w:a}", "5{w:a}"] {
+            assert_eq!(set_locks(bad), None, "{bad:?}");
+        }
         assert_eq!(
             Message::parse("w3 250 1700000000000001 t o"),
             Some(Message::Watch {
@@ -247,6 +352,9 @@ mod tests {
             "w3 250 t",
             "z9 1 t",
             "g x t",
+            "m4 500 1 7 ab 300 t 5:{w:a}",
+            "m4 500 1 7,9 ab 300* t 5:{w:a}",
+            "m4 500 1 7,x ab 300* t 5:{w:a}7:{w:b b}",
         ] {
             assert_eq!(Message::parse(bad), None, "{bad:?}");
         }

@@ -128,6 +128,29 @@ pub(crate) enum SetAttempt {
     Queued { index: usize },
 }
 
+/// What a set's attempt ([`SET_ACQUIRE`]) learned.
+#[derive(Debug, Clone)]
+pub(crate) enum SetTry {
+    /// Every key taken now: their fences, in order.
+    Acquired { fences: Vec<u64> },
+    /// A short grant of the set to this token was waiting for it; the attempt confirmed it.
+    Granted { fences: Vec<u64> },
+    /// This token held every key already (a grant whose message was lost or crossed this
+    /// call, or the call sent twice); the shortest of their remaining TTLs.
+    AlreadyHeld {
+        fences: Vec<u64>,
+        remaining: Option<Duration>,
+    },
+    /// Key `index` is held, or free with a set ahead of ours waiting at its head (`remaining`
+    /// `None`); `queued` when our member is in every key's queue now (`remaining`: the lease
+    /// that ends first among the keys we watch).
+    Locked {
+        index: usize,
+        remaining: Option<Duration>,
+        queued: Option<Queued>,
+    },
+}
+
 /// What a batched give-back ([`GIVE_BACK`]) did to one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GivenBack {
@@ -224,6 +247,9 @@ pub(crate) struct Set {
 pub(crate) struct Scripts {
     lock: Set,
     permits: Set,
+    set_acquire: Lua,
+    set_release: Lua,
+    set_leave: Lua,
     refresh: Lua,
     take_set: Lua,
     give_back: Lua,
@@ -249,6 +275,9 @@ impl Scripts {
                 leave: Lua::new(Op::LeaveQueue, PERMIT_LEAVE),
                 status: Lua::new(Op::Status, PERMIT_STATUS),
             },
+            set_acquire: Lua::new(Op::Acquire, SET_ACQUIRE),
+            set_release: Lua::new(Op::Release, SET_RELEASE),
+            set_leave: Lua::new(Op::LeaveQueue, SET_LEAVE),
             refresh: Lua::new(Op::Extend, REFRESH),
             take_set: Lua::new(Op::Acquire, TAKE_SET),
             give_back: Lua::new(Op::Release, GIVE_BACK),
@@ -717,6 +746,211 @@ impl Engine {
                 _ => Err(unexpected(first, Op::Release, &reply)),
             })
             .collect()
+    }
+
+    /// A set script's `KEYS` (lock, fence, queue, processes of each key, in order) and
+    /// `ARGV` (as every lock script's, for the set's `token`), the errors naming the first
+    /// key. `None`: no keys.
+    fn set_call(&self, set: &[&Names], c: &Call<'_>) -> Option<(Vec<String>, Vec<String>)> {
+        set.first()?;
+        let mut keys = Vec::with_capacity(set.len() * 4);
+        for names in set {
+            keys.push(names.lock.clone());
+            keys.push(names.fence());
+            keys.push(names.queue());
+            keys.push(names.processes());
+        }
+        Some((keys, self.argv(c)))
+    }
+
+    /// One attempt at a set on one node ([`SET_ACQUIRE`]), `set` its keys' names in order
+    /// (the first key's channel is the set's), queueing `member` (the set's member, see
+    /// `protocol::set_member`) unless it is empty. When the script answers "continue" (a
+    /// free key had only departed waiters at the head of its queue, and the call holds it
+    /// only to pass it on), it releases that key until its queue is served, then tries again.
+    /// Not cancel safe on its own: a dropped or timed-out call may still run, and the caller
+    /// gives back what it may have taken (its queue residue, or a give-back).
+    pub(crate) async fn set_attempt_on(
+        &self,
+        client: &Client,
+        set: &[&Names],
+        c: &Call<'_>,
+        limit: Duration,
+    ) -> Result<SetTry> {
+        let deadline = Instant::now() + limit;
+        let Some((keys, args)) = self.set_call(set, c) else {
+            return Ok(SetTry::Acquired { fences: Vec::new() });
+        };
+        let first = set[0];
+        let n = set.len();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply: Vec<i64> = self
+                .eval_with(
+                    client,
+                    &self.scripts.set_acquire,
+                    first,
+                    keys.clone(),
+                    args.clone(),
+                    left,
+                    Via::Sha,
+                )
+                .await?;
+            let fences = |f: &[i64]| f.iter().map(|f| (*f).max(0) as u64).collect();
+            let index = |i: i64| {
+                usize::try_from(i)
+                    .ok()
+                    .filter(|i| (1..=n).contains(i))
+                    .map(|i| i - 1)
+            };
+            return Ok(match reply.as_slice() {
+                [reply::ACQUIRED, _, f @ ..] if f.len() == n => {
+                    SetTry::Acquired { fences: fences(f) }
+                }
+                [reply::GRANT_CONFIRMED, _, f @ ..] if f.len() == n => {
+                    SetTry::Granted { fences: fences(f) }
+                }
+                [reply::HELD_BY_CALLER, pttl, f @ ..] if f.len() == n => SetTry::AlreadyHeld {
+                    fences: fences(f),
+                    remaining: remaining(*pttl),
+                },
+                [reply::HELD, pttl, 0, i] if index(*i).is_some() => SetTry::Locked {
+                    index: index(*i).unwrap_or(0),
+                    remaining: remaining(*pttl),
+                    queued: None,
+                },
+                [reply::HELD, pttl, 1, listening, fence, watcher, now, depth, i] => {
+                    SetTry::Locked {
+                        index: index(*i).unwrap_or(0),
+                        remaining: remaining(*pttl),
+                        queued: Some(Queued {
+                            deaf: *listening == 0,
+                            fence: (*fence).max(0) as u64,
+                            watcher: *watcher == 1,
+                            redis_us: (*now).max(0) as u64,
+                            depth: (*depth).max(0) as u64,
+                        }),
+                    }
+                }
+                [reply::CONTINUE, i] if index(*i).is_some() => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let names = set[index(*i).unwrap_or(0)];
+                    self.release_on(client, names, c.token, c.pid, left).await?;
+                    continue;
+                }
+                other => return Err(unexpected(first, Op::Acquire, other)),
+            });
+        }
+    }
+
+    /// Releases every key of `set` that `token` holds ([`SET_RELEASE`]), in one call (again
+    /// while the script says "continue"): each key let go, then each freed key's queue
+    /// served. One answer per key, in order. Errors name the first key.
+    pub(crate) async fn set_release_on(
+        &self,
+        client: &Client,
+        set: &[&Names],
+        token: &str,
+        pid: &str,
+        limit: Duration,
+        how: Via,
+    ) -> Result<Vec<Released>> {
+        let Some(first) = set.first() else {
+            return Ok(Vec::new());
+        };
+        let c = Call {
+            pid,
+            ..Call::new(first, token)
+        };
+        let Some((keys, args)) = self.set_call(set, &c) else {
+            return Ok(Vec::new());
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let reply: Vec<i64> = self
+                .eval_with(
+                    client,
+                    &self.scripts.set_release,
+                    set[0],
+                    keys.clone(),
+                    args.clone(),
+                    left,
+                    how,
+                )
+                .await?;
+            if reply == [reply::CONTINUE] {
+                continue;
+            }
+            if reply.len() != set.len() {
+                return Err(unexpected(set[0], Op::Release, &reply));
+            }
+            return Ok(reply
+                .iter()
+                .map(|code| match *code {
+                    reply::DONE => Released::Deleted,
+                    reply::HANDED_OVER => Released::HandedOver,
+                    _ => Released::NotHeld,
+                })
+                .collect());
+        }
+    }
+
+    /// A set's waiter leaves every queue of `set` (`member`, unless empty) and gives back what
+    /// `orphan` says ([`SET_LEAVE`]): `None` whatever `token` holds, `Some(fences)` only the
+    /// unclaimed grant with those fences.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn set_leave_on(
+        &self,
+        client: &Client,
+        set: &[&Names],
+        token: &str,
+        member: &str,
+        pid: &str,
+        orphan: Option<&[u64]>,
+        limit: Duration,
+        how: Via,
+    ) -> Result<Left> {
+        let Some(first) = set.first() else {
+            return Ok(Left::Nothing);
+        };
+        let c = Call {
+            member,
+            pid,
+            flag: Some(Flag::GiveBack),
+            ..Call::new(first, token)
+        };
+        let Some((keys, mut args)) = self.set_call(set, &c) else {
+            return Ok(Left::Nothing);
+        };
+        if let Some(fences) = orphan {
+            let list: Vec<String> = fences.iter().map(u64::to_string).collect();
+            args[7] = "o".to_owned();
+            args[8] = list.join(",");
+        }
+        let deadline = Instant::now() + limit;
+        let reply: Vec<i64> = self
+            .eval_with(
+                client,
+                &self.scripts.set_leave,
+                set[0],
+                keys,
+                args,
+                limit,
+                how,
+            )
+            .await?;
+        Ok(match reply.as_slice() {
+            [reply::NOT_HELD] => Left::Nothing,
+            [reply::HANDED_OVER] => Left::GaveBack,
+            [reply::CONTINUE] => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.set_release_on(client, set, token, pid, left, how)
+                    .await?;
+                Left::GaveBack
+            }
+            other => return Err(unexpected(set[0], Op::LeaveQueue, other)),
+        })
     }
 
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until

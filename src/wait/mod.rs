@@ -235,9 +235,9 @@ impl Request {
     }
 }
 
-/// What one attempt gives a wait loop.
-pub(crate) enum Step {
-    Won(LockGuard),
+/// What one attempt gives a wait loop (`T`: what it waits for, a guard or a set's guards).
+pub(crate) enum Step<T = LockGuard> {
+    Won(T),
     /// Another token holds it. `queued`: our member is in the Redis queue, as of an attempt
     /// sent at `sent_at` (which Redis therefore ran before any grant to us).
     Held {
@@ -387,7 +387,7 @@ impl Waiting {
     /// An attempt that failed: a connection error or timeout is worth retrying until the
     /// deadline (and is remembered for the give-up rule, except a timeout that only the wait
     /// deadline caused); others end the wait.
-    fn failed(&mut self, e: Error, cut: bool) -> Result<Step> {
+    fn failed<T>(&mut self, e: Error, cut: bool) -> Result<Step<T>> {
         if !e.is_transient() || self.try_once() {
             return Err(e);
         }

@@ -38,6 +38,22 @@ pub(crate) fn requests(
     Ok(reqs)
 }
 
+/// The requests of a set that a queued locker of process `pid` waits for at once (see
+/// [`SetRequest`]): as [`requests`] makes them, but each sent as the waiting process's (its
+/// queueing calls name it).
+pub(crate) fn queued_requests(
+    engine: &Engine,
+    keys: &[String],
+    opts: &LockOptions,
+    pid: &str,
+) -> Result<Vec<Request>> {
+    let mut reqs = requests(engine, keys, opts, pid)?;
+    for req in &mut reqs {
+        req.pid = pid.to_owned();
+    }
+    Ok(reqs)
+}
+
 /// What one attempt at a set gives a wait loop.
 pub(crate) enum SetStep {
     /// Every key, kept alive, in order.
@@ -91,7 +107,7 @@ impl Waiting {
                     }
                     // (The take that follows serves its queue.)
                     Ok(SetAttempt::Queued { .. }) => {}
-                    Err(e) => return self.failed(e, cut).map(|_| SetStep::Failed),
+                    Err(e) => return self.failed::<()>(e, cut).map(|_| SetStep::Failed),
                 }
             }
         }
@@ -126,7 +142,7 @@ impl Waiting {
                         residues.iter_mut().for_each(|r| r.armed = true);
                         drop(residues);
                         release_many(guards).await;
-                        return self.failed(e, cut).map(|_| SetStep::Failed);
+                        return self.failed::<()>(e, cut).map(|_| SetStep::Failed);
                     }
                     drop(residues);
                     for (req, fence) in chunk.iter().zip(fences) {
@@ -149,7 +165,7 @@ impl Waiting {
                 Err(e) => {
                     drop(residues);
                     release_many(guards).await;
-                    return self.failed(e, cut).map(|_| SetStep::Failed);
+                    return self.failed::<()>(e, cut).map(|_| SetStep::Failed);
                 }
             };
             drop(residues);
@@ -219,6 +235,206 @@ pub(crate) async fn poll(
         };
         if !w.pause(&reqs[blocked].names.key, remaining).await {
             return Err(w.give_up(&reqs[blocked]));
+        }
+    }
+}
+
+/// A queued locker's wait for a set on one node, all of its keys at once: its requests (one
+/// per key, in the one order: by hash slot, then by key; sharing one generated token), waited
+/// for as one ([`notify::Target`](super::notify::Target)): its member in every key's queue,
+/// holding nothing, granted every key in one step and one message (`lua/set_acquire.lua`).
+pub(crate) struct SetRequest {
+    pub(crate) reqs: Vec<Request>,
+    /// The key the last attempt found held (an index into `reqs`): what a timeout names.
+    pub(crate) blocked: std::sync::atomic::AtomicUsize,
+}
+
+/// The most keys a queued locker waits for at once: a grant, a queueing call and a release
+/// of such a set each do about a dozen commands per key in one script (Redis serves nobody
+/// meanwhile). A larger set is waited for in order (`LockOptions::with_ordered_sets`).
+pub(crate) const QUEUED_SET_MAX: usize = 64;
+
+impl SetRequest {
+    pub(crate) fn new(reqs: Vec<Request>) -> SetRequest {
+        SetRequest {
+            reqs,
+            blocked: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The keys' names, in order.
+    pub(crate) fn names(&self) -> Vec<&Names> {
+        self.reqs.iter().map(|r| &r.names).collect()
+    }
+
+    /// The set's member in its keys' queues (see `protocol::set_member`).
+    pub(crate) fn member(&self, pid: &str) -> String {
+        let head = &self.reqs[0];
+        crate::redis::protocol::set_member(
+            pid,
+            head.plan.ttl_ms,
+            &head.token,
+            self.reqs.iter().map(|r| r.names.lock.as_str()),
+        )
+    }
+
+    /// The set's guards for `holds` (one per key, in order), each with its whole TTL asked
+    /// for, as [`Request::full_lease`] makes one key's (the keys whose lease is short are
+    /// extended, all at once). `None`: a key is no longer held by the set (the others are
+    /// given back before this returns).
+    pub(crate) async fn full_leases(
+        &self,
+        engine: &Arc<Engine>,
+        client: &fred::clients::Client,
+        holds: Vec<Hold>,
+        written_by_us: bool,
+        limit: Duration,
+    ) -> Result<Option<Vec<LockGuard>>> {
+        let leases = self
+            .reqs
+            .iter()
+            .zip(holds)
+            .map(|(req, hold)| req.full_lease(engine, client, hold, written_by_us, limit));
+        let outcomes = join_all(leases.collect()).await;
+        let mut guards = Vec::with_capacity(outcomes.len());
+        let mut failed: Option<Result<Option<Vec<LockGuard>>>> = None;
+        for outcome in outcomes {
+            match outcome {
+                Ok(Some(g)) => guards.push(g),
+                Ok(None) => failed = failed.or(Some(Ok(None))),
+                Err(e) => failed = Some(Err(e)),
+            }
+        }
+        match failed {
+            None => Ok(Some(guards)),
+            Some(outcome) => {
+                release_many(guards).await;
+                outcome
+            }
+        }
+    }
+}
+
+/// Polls `futures` together (they share the caller's task: one token's calls on one client
+/// go out together); their outputs in order.
+pub(crate) async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+impl Waiting {
+    /// One attempt at the queued set `set` on `client` (`lua/set_acquire.lua`), queueing
+    /// `member` in every key's queue unless it is empty: every key held and kept to its full
+    /// lease, or held by others (and queued). An attempt without a member whose outcome is
+    /// unknown (dropped, or timed out: it may still run) gives back what it may have taken,
+    /// in the background after it; a queued waiter's departure does that for its attempts.
+    pub(crate) async fn attempt_queued_set(
+        &mut self,
+        engine: &Arc<Engine>,
+        set: &SetRequest,
+        client: &fred::clients::Client,
+        member: &str,
+    ) -> Result<super::Step<Vec<LockGuard>>> {
+        use super::Step;
+        use crate::redis::scripts::Call;
+        use crate::redis::SetTry;
+        let head = &set.reqs[0];
+        let sent_at = Instant::now();
+        let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+        self.attempts += 1;
+        let call = Call {
+            ttl_ms: head.plan.ttl_ms,
+            member,
+            pid: if member.is_empty() { "" } else { &head.pid },
+            ..Call::new(&head.names, &head.token)
+        };
+        let names = set.names();
+        let mut residue = SetResidue {
+            engine,
+            set,
+            armed: member.is_empty(),
+        };
+        let reply = engine.set_attempt_on(client, &names, &call, limit).await;
+        if matches!(&reply, Ok(SetTry::Locked { .. }))
+            || matches!(&reply, Err(e) if !e.is_transient())
+        {
+            residue.armed = false;
+        }
+        let ttl = head.plan.ttl();
+        let holds: Vec<Hold> = match reply {
+            Ok(SetTry::Acquired { fences }) | Ok(SetTry::Granted { fences }) => fences
+                .into_iter()
+                .map(|f| Hold::sent(f, sent_at, ttl))
+                .collect(),
+            // (The set's token is generated: a hold of it is this wait's.)
+            Ok(SetTry::AlreadyHeld { fences, remaining }) => fences
+                .into_iter()
+                .map(|f| Hold::sent(f, sent_at, remaining.unwrap_or(ttl)))
+                .collect(),
+            Ok(SetTry::Locked {
+                index,
+                remaining,
+                queued,
+            }) => {
+                self.last_error = None;
+                set.blocked
+                    .store(index, std::sync::atomic::Ordering::Relaxed);
+                return Ok(Step::Held {
+                    remaining,
+                    queued,
+                    sent_at,
+                });
+            }
+            Err(e) => return self.failed(e, cut),
+        };
+        match set.full_leases(engine, client, holds, true, limit).await {
+            Ok(Some(g)) => {
+                residue.armed = false;
+                Ok(Step::Won(g))
+            }
+            // Held by our token a moment ago, gone now (it expired): try again.
+            Ok(None) => Ok(Step::Failed),
+            Err(e) => self.failed(e, cut),
+        }
+    }
+}
+
+/// Gives back whatever a set's token may have taken by an attempt whose outcome is unknown,
+/// when dropped armed.
+struct SetResidue<'a> {
+    engine: &'a Arc<Engine>,
+    set: &'a SetRequest,
+    armed: bool,
+}
+
+impl Drop for SetResidue<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.engine.set_leave_in_background(
+                self.set.reqs.iter().map(|r| r.names.clone()).collect(),
+                self.set.reqs[0].token.to_string(),
+                String::new(),
+                String::new(),
+                None,
+            );
         }
     }
 }

@@ -15,10 +15,10 @@
 --                                    claimed: 'h' becomes 'q');
 --   {2, pttl, 0, i}                  key i is held (pttl -1: free, but a set queued ahead
 --                                    waits for other keys), nothing taken, not queued;
---   {2, pttl, 1, listening, fence, watching, time, depth}  queued in every key's queue, as
---                                    acquire.lua's (pttl: the lease that ends first among the
---                                    keys it watches; fence: the first key's; depth: the
---                                    longest of its queues);
+--   {2, pttl, 1, listening, fence, watching, time, depth, i}  queued in every key's queue,
+--                                    as acquire.lua's (pttl: the lease that ends first among
+--                                    the keys it watches; fence: the first key's; depth: the
+--                                    longest of its queues; i: the first key it waits for);
 --   {4, i}                           key i was free with only departed waiters at the head of
 --                                    its queue: it is the caller's only to pass on (release it
 --                                    until it says something else, then try again).
@@ -196,4 +196,4 @@ if not look then look = pttl_of(blocked) end
 if look == NO_LEASE then look = -1 end
 local listening = 0
 if slow().listener(PID) then listening = 1 end
-return {HELD, look, 1, listening, f1, watcher, now_us(), depth}
+return {HELD, look, 1, listening, f1, watcher, now_us(), depth, blocked}

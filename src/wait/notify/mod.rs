@@ -25,19 +25,206 @@
 pub(crate) mod hub;
 pub(crate) mod stats;
 
+use super::set::SetRequest;
 use super::{Request, Step, Waiting};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::{validity_deadline, Hold};
-use crate::redis::protocol::Grant;
-use crate::redis::{Engine, QueueResidue};
+use crate::redis::protocol::{self, Flag, Grant};
+use crate::redis::Engine;
 use fred::clients::Client;
 use hub::{Hub, SubState};
 use stats::WakeReason;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
+
+/// What a queued wait waits for: one key ([`Request`]: a lock, or permits) or a set of keys
+/// on one node ([`SetRequest`]: one member in every key's queue, one grant for all). The wait
+/// loop ([`wait`]) is the same; these are the parts that differ.
+pub(crate) trait Target: Sync {
+    /// What the wait gives: a guard, or one per key of a set.
+    type Out: Send;
+
+    /// The request whose key's channel carries this waiter's messages (a set's first key's):
+    /// its names, token, plan and process; what metrics and traces name.
+    fn head(&self) -> &Request;
+
+    /// One attempt on `client`, queueing `member` unless it is empty.
+    fn attempt<'a>(
+        &'a self,
+        w: &'a mut Waiting,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        member: &'a str,
+    ) -> impl Future<Output = Result<Step<Self::Out>>> + Send + 'a;
+
+    /// A wait of zero: one attempt.
+    fn once<'a>(
+        &'a self,
+        engine: &'a Arc<Engine>,
+    ) -> impl Future<Output = Result<Self::Out>> + Send + 'a;
+
+    /// The member this waiter queues, as the scripts store it.
+    fn member(&self, pid: &str) -> String;
+
+    /// Whether `grant` hands over what this waits for (a set's grant has a fence per key).
+    fn fits(&self, grant: &Grant) -> bool;
+
+    /// What `grant` hands over, with its whole TTL (`hold`: the head's lease as the grant
+    /// said, or one to confirm first, already past). `None`: it lapsed before it could be
+    /// confirmed.
+    fn granted<'a>(
+        &'a self,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        hold: Hold,
+        grant: &'a Grant,
+        limit: Duration,
+    ) -> impl Future<Output = Result<Option<Self::Out>>> + Send + 'a;
+
+    /// Leaves the queue (or, a set, every queue) in the background, giving back whatever its
+    /// token holds.
+    fn leave_in_background(&self, engine: &Arc<Engine>, pid: &str);
+
+    /// The error of a wait that ran out (see [`Waiting::give_up`]).
+    fn give_up(&self, w: &mut Waiting) -> Error;
+}
+
+impl Target for Request {
+    type Out = LockGuard;
+
+    fn head(&self) -> &Request {
+        self
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        w: &'a mut Waiting,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        member: &'a str,
+    ) -> impl Future<Output = Result<Step>> + Send + 'a {
+        w.attempt(engine, self, client, member)
+    }
+
+    fn once<'a>(
+        &'a self,
+        engine: &'a Arc<Engine>,
+    ) -> impl Future<Output = Result<LockGuard>> + Send + 'a {
+        super::once(engine, self)
+    }
+
+    fn member(&self, pid: &str) -> String {
+        protocol::member(pid, self.plan.ttl_ms, &self.token)
+    }
+
+    fn fits(&self, grant: &Grant) -> bool {
+        grant.others.is_empty()
+    }
+
+    fn granted<'a>(
+        &'a self,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        hold: Hold,
+        _: &'a Grant,
+        limit: Duration,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'a {
+        self.full_lease(engine, client, hold, false, limit)
+    }
+
+    fn leave_in_background(&self, engine: &Arc<Engine>, pid: &str) {
+        engine.leave_in_background(
+            self.names.clone(),
+            self.token.to_string(),
+            self.member(pid),
+            pid.to_owned(),
+            Flag::GiveBack,
+        );
+    }
+
+    fn give_up(&self, w: &mut Waiting) -> Error {
+        w.give_up(self)
+    }
+}
+
+impl Target for SetRequest {
+    type Out = Vec<LockGuard>;
+
+    fn head(&self) -> &Request {
+        &self.reqs[0]
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        w: &'a mut Waiting,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        member: &'a str,
+    ) -> impl Future<Output = Result<Step<Vec<LockGuard>>>> + Send + 'a {
+        w.attempt_queued_set(engine, self, client, member)
+    }
+
+    async fn once<'a>(&'a self, engine: &'a Arc<Engine>) -> Result<Vec<LockGuard>> {
+        super::set::once(engine, &self.reqs).await
+    }
+
+    fn member(&self, pid: &str) -> String {
+        SetRequest::member(self, pid)
+    }
+
+    fn fits(&self, grant: &Grant) -> bool {
+        grant.others.len() + 1 == self.reqs.len()
+    }
+
+    async fn granted<'a>(
+        &'a self,
+        engine: &'a Arc<Engine>,
+        client: &'a Client,
+        hold: Hold,
+        grant: &'a Grant,
+        limit: Duration,
+    ) -> Result<Option<Vec<LockGuard>>> {
+        let holds = grant.fences().map(|fence| Hold { fence, ..hold }).collect();
+        self.full_leases(engine, client, holds, false, limit).await
+    }
+
+    fn leave_in_background(&self, engine: &Arc<Engine>, pid: &str) {
+        engine.set_leave_in_background(
+            self.reqs.iter().map(|r| r.names.clone()).collect(),
+            self.reqs[0].token.to_string(),
+            self.member(pid),
+            pid.to_owned(),
+            None,
+        );
+    }
+
+    fn give_up(&self, w: &mut Waiting) -> Error {
+        let blocked = self.blocked.load(Ordering::Relaxed);
+        w.give_up(self.reqs.get(blocked).unwrap_or(&self.reqs[0]))
+    }
+}
+
+/// A waiter's place in the Redis queue(s): when dropped armed (the waiter's future was
+/// dropped, its wait ran out, or it failed after queueing), it leaves in the background and
+/// gives back a grant it may have been sent, so the next waiter is served at once.
+struct Departure<'a, T: Target> {
+    engine: &'a Arc<Engine>,
+    target: &'a T,
+    pid: &'a str,
+    armed: bool,
+}
+
+impl<T: Target> Drop for Departure<'_, T> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.target.leave_in_background(self.engine, self.pid);
+        }
+    }
+}
 
 /// How long a queued waiter that does not watch the lock sleeps when nothing wakes it
 /// (jittered by ±25%): a last resort for a queue entry that vanished without a word (the queue
@@ -89,10 +276,15 @@ impl Default for Turn {
     }
 }
 
-/// The queue strategy's wait (see the module docs).
-pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) -> Result<LockGuard> {
+/// The queue strategy's wait (see the module docs), for one key or a set.
+pub(crate) async fn wait<T: Target>(
+    engine: &Arc<Engine>,
+    hub: &Arc<Hub>,
+    target: &T,
+) -> Result<T::Out> {
+    let req = target.head();
     if req.plan.wait.is_zero() {
-        return super::once(engine, req).await;
+        return target.once(engine).await;
     }
     let counters = &hub.counters;
     let mut w = Waiting::new(&req.plan);
@@ -106,19 +298,17 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         counters.attempts.fetch_add(1, Ordering::Relaxed);
         // Boxed (as every attempt below): its state would otherwise stay in every waiting
         // future.
-        if let Step::Won(g) = Box::pin(w.attempt(engine, req, &client, "")).await? {
+        if let Step::Won(g) = Box::pin(target.attempt(&mut w, engine, &client, "")).await? {
             return Ok(g);
         }
     }
     let registration = hub.register(&req.names.key, &channel, &req.token)?;
     drop(channel);
     let cell = &registration.cell;
-    let mut queue = QueueResidue {
+    let mut queue = Departure {
         engine,
-        names: &req.names,
-        token: &req.token,
+        target,
         pid: &hub.pid,
-        ttl_ms: req.plan.ttl_ms,
         armed: false,
     };
     let slot = &registration.slot;
@@ -144,11 +334,11 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
                     let step = {
                         // Built per attempt: a waiting future keeps no copy of it.
                         let member = if listening {
-                            queue.member()
+                            target.member(&hub.pid)
                         } else {
                             String::new()
                         };
-                        Box::pin(w.attempt(engine, req, &client, &member)).await?
+                        Box::pin(target.attempt(&mut w, engine, &client, &member)).await?
                     };
                     let now = Instant::now();
                     match step {
@@ -230,9 +420,11 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
         // A grant published before our last queueing attempt ran (its fence is not above the
         // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
         // queued us again. Its message may still arrive after the reply; it must not be used.
+        // (A grant that does not fit, a set's to one key or one key's to a set, is no
+        // version's: ignored, as a message nobody knows.)
         if let Some(grant) = cell
             .take_grant()
-            .filter(|g| t.anchor.is_none_or(|a| g.fence > a.fence))
+            .filter(|g| t.anchor.is_none_or(|a| g.fence > a.fence) && target.fits(g))
         {
             counters.woke(Some(WakeReason::Notification));
             // Boxed (as the attempts): its call state would otherwise size every waiting
@@ -240,7 +432,7 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             // Its confirmation (if it needs one) ends by the wait's deadline too.
             let (limit, _) = w.limit(engine.command_timeout, Instant::now());
             match Box::pin(take_grant(
-                engine, hub, req, &client, t.anchor, grant, limit,
+                engine, hub, target, &client, t.anchor, grant, limit,
             ))
             .await
             {
@@ -289,8 +481,8 @@ pub(crate) async fn wait(engine: &Arc<Engine>, hub: &Arc<Hub>, req: &Request) ->
             t.check = false;
         }
         if Instant::now() >= w.deadline {
-            // The queue residue takes us out of the queue in the background.
-            return Err(w.give_up(req));
+            // The departure takes us out of the queue in the background.
+            return Err(target.give_up(&mut w));
         }
         tracing::debug!(key = %req.names.key, attempts = w.attempts, ?reason, "woke (None = timer)");
     }
@@ -323,18 +515,18 @@ fn look_at(anchor: Option<Anchor>, px: Duration, at_us: Option<u64>) -> Option<I
     name = "handoff",
     level = "debug",
     skip_all,
-    fields(key = %req.names.key, fence = grant.fence, confirmed = tracing::field::Empty)
+    fields(key = %target.head().names.key, fence = grant.fence, confirmed = tracing::field::Empty)
 )]
-async fn take_grant(
+async fn take_grant<T: Target>(
     engine: &Arc<Engine>,
     hub: &Hub,
-    req: &Request,
+    target: &T,
     client: &Client,
     anchor: Option<Anchor>,
     grant: Grant,
     limit: Duration,
-) -> Result<Option<LockGuard>> {
-    let ttl = req.plan.ttl();
+) -> Result<Option<T::Out>> {
+    let ttl = target.head().plan.ttl();
     if let (Some(lease), Some(a)) = (grant.lease, anchor) {
         if lease.px >= ttl && lease.at_us >= a.redis_us {
             let since = a.sent_at + Duration::from_micros(lease.at_us - a.redis_us).mul_f64(0.99);
@@ -344,7 +536,7 @@ async fn take_grant(
                 since,
             };
             if hold.valid_until > Instant::now() {
-                return req.full_lease(engine, client, hold, false, limit).await;
+                return target.granted(engine, client, hold, &grant, limit).await;
             }
         }
     }
@@ -358,6 +550,7 @@ async fn take_grant(
         valid_until: now,
         since: now,
     };
-    req.full_lease(engine, client, unconfirmed, false, limit)
+    target
+        .granted(engine, client, unconfirmed, &grant, limit)
         .await
 }

@@ -219,6 +219,29 @@ impl Hub {
         match (message, cell) {
             (Message::Grant { grant, .. }, Some(cell)) => cell.put_grant(grant),
             (Message::Watch { px, at_us, .. }, Some(cell)) => cell.put_watch(px, at_us),
+            // A set's waiter has left: every key of its grant given back, as for one key.
+            (
+                Message::Grant {
+                    grant,
+                    set: Some(locks),
+                    ..
+                },
+                None,
+            ) => {
+                let (Some(locks), Some(engine)) =
+                    (protocol::set_locks(locks), self.engine.upgrade())
+                else {
+                    return;
+                };
+                self.counters.orphan_grants.fetch_add(1, Ordering::Relaxed);
+                engine.set_leave_in_background(
+                    locks.into_iter().map(Names::from_lock).collect(),
+                    token.to_owned(),
+                    String::new(),
+                    self.pid.clone(),
+                    Some(grant.fences().collect()),
+                );
+            }
             // The waiter has left (its departure crossed the grant, or failed): give the lock
             // back at once so the next waiter is served now. Only this grant (by its fence): a
             // newer grant to the same token is kept.
