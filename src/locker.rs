@@ -290,7 +290,9 @@ impl<S: Strategy> Locker<S> {
             .await?;
         let pids = LockStatus::pids(&raw);
         let labels = self.engine.labels(&pids).await?;
-        Ok(LockStatus::from_raw(&raw, |pid| labels.get(pid).cloned()))
+        Ok(LockStatus::from_raw(&raw, &self.engine.prefix, |pid| {
+            labels.get(pid).cloned()
+        }))
     }
 
     /// Token-level: one attempt to take `key` for `token` with `ttl` (never jumping a queue of

@@ -86,7 +86,7 @@ impl PermitStatus {
         let small = |v: u64| v.min(u64::from(u32::MAX)) as u32;
         PermitStatus {
             lease_holders: crate::status::lease_holders(&raw.leases, &label),
-            waiters: crate::status::waiters(&raw.waiters, raw.now_us, &label),
+            waiters: crate::status::waiters(&raw.waiters, raw.now_us, "", &label),
             permits: (raw.limit > 0).then(|| small(raw.limit)),
             held: small(raw.used),
             holders: raw.holders as usize,

@@ -1,5 +1,6 @@
 //! What `status` reports about one lock.
 
+use crate::redis::protocol;
 use crate::redis::scripts::RawStatus;
 use std::time::Duration;
 
@@ -59,6 +60,9 @@ pub struct Waiter {
     pub ttl: Duration,
     /// The permits it asks for (1 for a lock; a read-write lock's writer asks for all).
     pub weight: u32,
+    /// The keys of the set it waits for at once (this key among them, in the set's order;
+    /// empty when it waits for this key alone: see [`Locker::acquire_many_wait`](crate::Locker::acquire_many_wait)).
+    pub set: Vec<String>,
 }
 
 /// A holder of permits, as [`PermitStatus`](crate::PermitStatus) names it.
@@ -91,30 +95,48 @@ pub(crate) fn token_pid(token: &str) -> Option<&str> {
         .then_some(pid)
 }
 
-/// A queue member's process id, TTL and weight (`"<pid> <ttl ms> <token>"`).
-fn member(m: &str) -> Option<(&str, u64, u32)> {
+/// A queue member's process id, TTL, weight and, a set's, lock names (`"<pid> <ttl ms>
+/// <token>"`, or a set's `"<pid> <ttl ms>* <token> <locks>"`).
+fn member(m: &str) -> Option<(&str, u64, u32, Vec<&str>)> {
     let mut parts = m.splitn(3, ' ');
     let pid = parts.next()?;
-    let ttl = parts.next()?.parse().ok()?;
-    let (weight, _) = weighed(parts.next()?);
-    Some((pid, ttl, weight))
+    let ttl = parts.next()?;
+    let rest = parts.next()?;
+    if let Some(ttl) = ttl.strip_suffix('*') {
+        let (_, locks) = rest.split_once(' ')?;
+        return Some((pid, ttl.parse().ok()?, 1, protocol::set_locks(locks)?));
+    }
+    let (weight, _) = weighed(rest);
+    Some((pid, ttl.parse().ok()?, weight, Vec::new()))
 }
 
-/// The waiters of queue members `raw` (member, when queued in µs) at Redis time `now_us`.
+/// The waiters of queue members `raw` (member, when queued in µs) at Redis time `now_us`; a
+/// set's keys are its locks' names less the braces and `prefix`.
 pub(crate) fn waiters(
     raw: &[(String, u64)],
     now_us: u64,
+    prefix: &str,
     label: &impl Fn(&str) -> Option<String>,
 ) -> Vec<Waiter> {
     raw.iter()
         .filter_map(|(m, queued_at)| {
-            let (pid, ttl, weight) = member(m)?;
+            let (pid, ttl, weight, locks) = member(m)?;
             Some(Waiter {
                 label: label(pid),
                 process_id: pid.to_owned(),
                 waited: Duration::from_micros(now_us.saturating_sub(*queued_at)),
                 ttl: Duration::from_millis(ttl),
                 weight,
+                set: locks
+                    .into_iter()
+                    .map(|l| {
+                        l.strip_prefix('{')
+                            .and_then(|l| l.strip_prefix(prefix))
+                            .and_then(|l| l.strip_suffix('}'))
+                            .unwrap_or(l)
+                            .to_owned()
+                    })
+                    .collect(),
             })
         })
         .collect()
@@ -161,7 +183,11 @@ pub(crate) fn lease_holders(
 
 impl LockStatus {
     /// The snapshot of `raw`; `label` names a process (`None` when not recorded).
-    pub(crate) fn from_raw(raw: &RawStatus, label: impl Fn(&str) -> Option<String>) -> LockStatus {
+    pub(crate) fn from_raw(
+        raw: &RawStatus,
+        prefix: &str,
+        label: impl Fn(&str) -> Option<String>,
+    ) -> LockStatus {
         let held = raw.state != 0;
         let holder = raw.holder.as_ref().filter(|_| held).map(|token| {
             let pid = token_pid(token).map(str::to_owned);
@@ -176,7 +202,7 @@ impl LockStatus {
                     .map(Duration::from_micros),
             }
         });
-        let waiters = waiters(&raw.waiters, raw.now_us, &label);
+        let waiters = waiters(&raw.waiters, raw.now_us, prefix, &label);
         LockStatus {
             held,
             remaining_ttl: (held && raw.pttl >= 0).then(|| Duration::from_millis(raw.pttl as u64)),
@@ -211,20 +237,31 @@ mod tests {
                 ("bbbbbbbbbbbb 30000 t1".into(), 2_000_000),
                 ("cccccccccccc 5000 t2".into(), 3_000_000),
                 ("malformed".into(), 3_100_000),
+                (
+                    "dddddddddddd 9000* dddddddddddd/s 12:{waitlock:k}14:{waitlock:k:2}".into(),
+                    3_200_000,
+                ),
             ],
         };
         assert_eq!(
             LockStatus::pids(&raw),
-            ["0123456789ab", "bbbbbbbbbbbb", "cccccccccccc"]
+            [
+                "0123456789ab",
+                "bbbbbbbbbbbb",
+                "cccccccccccc",
+                "dddddddddddd"
+            ]
         );
-        let s = LockStatus::from_raw(&raw, |pid| {
+        let s = LockStatus::from_raw(&raw, "waitlock:", |pid| {
             (pid != "cccccccccccc").then(|| format!("L{pid}"))
         });
         let h = s.holder.expect("held");
         assert_eq!(h.process_id.as_deref(), Some("0123456789ab"));
         assert_eq!(h.label.as_deref(), Some("L0123456789ab"));
         assert_eq!(h.held_for, Some(Duration::from_millis(2500)));
-        assert_eq!(s.waiters.len(), 2, "a malformed member is left out");
+        assert_eq!(s.waiters.len(), 3, "a malformed member is left out");
+        assert_eq!(s.waiters[2].set, ["k", "k:2"]);
+        assert!(s.waiters[0].set.is_empty());
         assert_eq!(s.waiters[0].waited, Duration::from_millis(1500));
         assert_eq!(s.waiters[0].ttl, Duration::from_secs(30));
         assert_eq!(s.waiters[1].label, None);
@@ -237,7 +274,7 @@ mod tests {
             (3, Some("0123456789ab"))
         );
         let members = [("bbbbbbbbbbbb 5000 w2:bbbbbbbbbbbb/y".to_owned(), 0)];
-        assert_eq!(waiters(&members, 1, &|_| None)[0].weight, 2);
+        assert_eq!(waiters(&members, 1, "waitlock:", &|_| None)[0].weight, 2);
         // A polling locker's token names no process.
         assert_eq!(token_pid("3f2a9c1e-0000"), None);
         assert_eq!(token_pid("0123456789ab/"), None);

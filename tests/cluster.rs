@@ -893,3 +893,98 @@ async fn sets_across_primaries_survive_a_killed_primary() {
         }
     }
 }
+
+/// A queued locker's wait for keys of one slot (hash-tagged) on a cluster: each set queued once
+/// in every key's queue and granted every key in one call and one message on the slot's
+/// primary (the grant reads and writes the set's other keys, which share the slot). Sets on
+/// two tags (two primaries), 12 workers over 2 lockers taking overlapping sets of 2-3 of
+/// 4 keys: every set taken well within its deadline, no key with two valid holders, nothing
+/// left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_sets_of_one_slot_are_granted_at_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let url = cluster.url();
+    // Two tags whose slots are on two primaries.
+    let tags: Vec<String> = {
+        let mut found: Vec<(String, u16)> = Vec::new();
+        for i in 0..1000 {
+            let tag = format!("qs{i}");
+            let lock = common::lock_key(&format!("{{{tag}}}:x"));
+            let owner = cluster.owner(waitlock::fred::util::redis_keyslot(lock.as_bytes()));
+            if found.iter().all(|(_, o)| *o != owner) {
+                found.push((tag, owner));
+            }
+            if found.len() == 2 {
+                break;
+            }
+        }
+        found.into_iter().map(|(t, _)| t).collect()
+    };
+    let lockers = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+    );
+    let holders: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for t in 0..12usize {
+        let locker = if t % 2 == 0 {
+            lockers.0.clone()
+        } else {
+            lockers.1.clone()
+        };
+        let tag = tags[t % 2].clone();
+        let holders = holders.clone();
+        tasks.push(tokio::spawn(async move {
+            let opts = common::tight().with_wait(Duration::from_secs(60));
+            let mut rng = common::Seeded::new(0x5e7 + t as u64);
+            for _ in 0..15 {
+                let size = 2 + rng.below(Duration::from_nanos(2)).as_nanos() as usize;
+                let mut keys: Vec<String> = Vec::new();
+                while keys.len() < size {
+                    let k = format!(
+                        "{{{tag}}}:{}",
+                        rng.below(Duration::from_nanos(4)).as_nanos()
+                    );
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+                let started = Instant::now();
+                let set = locker
+                    .acquire_many_wait(&keys, &opts)
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {t}, {keys:?}: {e}"));
+                assert!(started.elapsed() < Duration::from_secs(30));
+                {
+                    let mut h = holders.lock().expect("holders");
+                    for k in &keys {
+                        assert!(h.insert(k.clone()), "two holders of {k}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                {
+                    let mut h = holders.lock().expect("holders");
+                    for k in &keys {
+                        h.remove(k);
+                    }
+                }
+                set.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    lockers.0.idle().await;
+    lockers.1.idle().await;
+    for tag in &tags {
+        for i in 0..4 {
+            let key = format!("{{{tag}}}:{i}");
+            let status = lockers.0.status(&key).await.expect("status");
+            assert!(
+                !status.held && status.queued == 0,
+                "{key} left behind: {status:?}"
+            );
+        }
+    }
+}

@@ -79,6 +79,10 @@ async fn child(mode: &str) {
         let mut words = line.split(' ');
         match (words.next(), words.next()) {
             (Some("wait"), Some(id)) => {
+                // `wait <id> <k1,k2,...>`: a set of those keys at once.
+                let set: Option<Vec<String>> = words
+                    .next()
+                    .map(|w| w.split(',').map(str::to_owned).collect());
                 let (locker, opts, tx, key, id) = (
                     locker.clone(),
                     opts.clone(),
@@ -87,12 +91,21 @@ async fn child(mode: &str) {
                     id.to_owned(),
                 );
                 tasks.push(tokio::spawn(async move {
-                    match locker.acquire_wait(&key, &opts).await {
-                        Ok(g) => {
+                    let held = match &set {
+                        Some(keys) => locker
+                            .acquire_many_wait(keys, &opts)
+                            .await
+                            .map(|s| s.into_guards()),
+                        None => locker.acquire_wait(&key, &opts).await.map(|g| vec![g]),
+                    };
+                    match held {
+                        Ok(guards) => {
                             let _ = tx.send(format!("ACQ {id} {}", now_ns()));
                             tokio::time::sleep(hold).await;
                             let _ = tx.send(format!("REL {id} {}", now_ns()));
-                            let _ = g.release().await;
+                            for g in guards {
+                                let _ = g.release().await;
+                            }
                         }
                         Err(e) => {
                             let _ = tx.send(format!("E {id} {e}"));
@@ -168,6 +181,128 @@ async fn fifo_across_three_processes(url: &str) -> Result<String, String> {
     }
     Ok(format!(
         "{n} waiters from 3 processes acquired in enqueue order"
+    ))
+}
+
+/// Sets that overlap, queued in turn from three processes (each set in every key's queue at
+/// once), never pass an older set they overlap: for every two that share a key, the older
+/// holds first (and releases before the later one holds).
+async fn overlapping_sets_in_queue_order_across_three_processes(
+    url: &str,
+) -> Result<String, String> {
+    let locker = Locker::new(common::client_for(url).await);
+    let all = ["o-a", "o-b", "o-c", "o-d"];
+    let held = locker
+        .acquire_many(&all, &LockOptions::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut procs: Vec<Proc> = (0..3)
+        .map(|_| worker("waiters", url, "o-a", 2, 0, 0))
+        .collect();
+    for p in procs.iter_mut() {
+        p.expect("ready", Duration::from_secs(20)).await?;
+    }
+    let sets: [&[&str]; 9] = [
+        &["o-a", "o-b"],
+        &["o-b", "o-c"],
+        &["o-c"],
+        &["o-a", "o-d"],
+        &["o-b", "o-c", "o-d"],
+        &["o-a"],
+        &["o-d"],
+        &["o-a", "o-b", "o-c", "o-d"],
+        &["o-c", "o-d"],
+    ];
+    let mut queued = [0usize; 4];
+    for (i, set) in sets.iter().enumerate() {
+        procs[i % 3].send(&format!("wait {i} {}", set.join(",")));
+        for key in *set {
+            let k = all.iter().position(|a| a == key).unwrap_or(0);
+            queued[k] += 1;
+            common::lock_queued(&locker, key, queued[k]).await?;
+        }
+    }
+    held.release().await.map_err(|e| e.to_string())?;
+    let mut at = vec![(0u64, 0u64); sets.len()];
+    for (i, p) in procs.iter_mut().enumerate() {
+        // (A process's sets that share no key may hold at once: their lines interleave.)
+        for _ in 0..2 * (i..sets.len()).step_by(3).count() {
+            let l = p.expect("", Duration::from_secs(30)).await?;
+            let id = field(&l, 1) as usize;
+            match l.split(' ').next() {
+                Some("ACQ") => at[id].0 = field(&l, 2),
+                Some("REL") => at[id].1 = field(&l, 2),
+                _ => return Err(format!("worker {i}: {l}")),
+            }
+        }
+        p.send("stop");
+    }
+    for i in 0..sets.len() {
+        for j in i + 1..sets.len() {
+            if sets[i].iter().any(|k| sets[j].contains(k)) && at[j].0 < at[i].1 {
+                return Err(format!(
+                    "set {j} {:?} held before the older set {i} {:?} released",
+                    sets[j], sets[i]
+                ));
+            }
+        }
+    }
+    Ok(format!(
+        "{} overlapping sets from 3 processes held in queue order",
+        sets.len()
+    ))
+}
+
+/// A process SIGKILLed while its set waits at the head of a free key's queue (held back there
+/// by another key of the set): a waiter of another process queued behind it on that key holds
+/// it right after that other key's release (the release drops the dead set from every queue,
+/// and tells the free key's watchers to look: one round trip more than a grant).
+async fn a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly(
+    url: &str,
+) -> Result<String, String> {
+    let locker = Locker::new(common::client_for(url).await);
+    let g = locker
+        .acquire("d-b", &LockOptions::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut doomed = worker("waiters", url, "d-a", 1, 0, 0);
+    let mut survivor = worker("waiters", url, "d-a", 1, 0, 0);
+    doomed.expect("ready", Duration::from_secs(20)).await?;
+    survivor.expect("ready", Duration::from_secs(20)).await?;
+    doomed.send("wait set d-a,d-b");
+    common::lock_queued(&locker, "d-a", 1).await?;
+    common::lock_queued(&locker, "d-b", 1).await?;
+    survivor.send("wait one");
+    common::lock_queued(&locker, "d-a", 2).await?;
+    if locker.status("d-a").await.map_err(|e| e.to_string())?.held {
+        return Err("d-a is held while the set waits at its head".into());
+    }
+    doomed.kill();
+    // (Redis must have seen the death: see `crashed_waiters`. The set listens on its first
+    // key's channel, the survivor on d-a's.)
+    let admin = common::client_for(url).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::listeners(&admin, "d-a").await + common::listeners(&admin, "d-b").await > 1 {
+        if Instant::now() > deadline {
+            return Err("Redis still counts the killed process's subscriber after 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let released = now_ns();
+    g.release().await.map_err(|e| e.to_string())?;
+    let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
+    let after = common::ms(field(&l, 2).saturating_sub(released));
+    survivor.send("stop");
+    survivor.expect("done", Duration::from_secs(10)).await?;
+    common::lock_queued(&locker, "d-a", 0).await?;
+    common::lock_queued(&locker, "d-b", 0).await?;
+    if after > 250.0 {
+        return Err(format!(
+            "the survivor held d-a {after:.1} ms after d-b's release"
+        ));
+    }
+    Ok(format!(
+        "a set waiter killed at the head of a free key's queue: the next held it {after:.2} ms after the release of the set's other key"
     ))
 }
 
@@ -805,6 +940,16 @@ fn main() -> std::process::ExitCode {
         "fifo_across_three_processes",
         limit,
         fifo_across_three_processes(&url),
+    );
+    r.run(
+        "overlapping_sets_in_queue_order_across_three_processes",
+        limit,
+        overlapping_sets_in_queue_order_across_three_processes(&url),
+    );
+    r.run(
+        "a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly",
+        limit,
+        a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly(&url),
     );
     r.run(
         "crashed_process_with_1_waiter",

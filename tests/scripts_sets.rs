@@ -39,7 +39,9 @@ struct Calls {
 }
 
 impl Calls {
-    /// One script call: `keys` the user keys (each gives lock, fence, queue, processes).
+    /// One script call: `keys` the user keys (each gives lock, fence, queue, processes), then
+    /// the script's `ARGV` as the library sends it (its arguments, one by one).
+    #[allow(clippy::too_many_arguments)]
     async fn eval(
         &self,
         script: &'static str,

@@ -174,6 +174,9 @@ pub struct St {
     pub lapsed: [bool; KEYS],
     /// Ghost: a refresh granted a set (the canary of the departed head a refresh finds).
     pub refresh_granted: bool,
+    /// Ghost: a refresh dropped a departed head (the scripts' canary of the same: there the
+    /// waiters it held back on a free key are served by that key's watchers' look).
+    pub refresh_dropped: bool,
     /// Ghost: a refresh left a departed waiter at the head of one of its keys' queues (S6).
     pub refresh_missed: bool,
     /// Ghost: a polling set took a key while a live waiter was queued on it (S7).
@@ -315,34 +318,60 @@ impl Sets {
         left
     }
 
-    /// Serves each of `keys`: the rule's grant, in one script.
+    /// One free key's queue served, as `serve` in lock.lua walks it from the head: a departed
+    /// head leaves every queue it is in (`drop_departed`); the first live head is granted every
+    /// key of its set when it is ready (`set_ready`: each of its keys free, and it heads each
+    /// of those queues; only the heads are read there), else it stays at the head and the key
+    /// stays free ('blocked': the waiters behind it wait).
+    fn serve_key(&self, s: &mut St, k: usize) {
+        s.lapsed[k] = false;
+        if s.holder[k].is_some() {
+            return;
+        }
+        while let Some(&h) = s.queue[k].first() {
+            if s.ph[h as usize] == Ph::Dead {
+                self.drop_departed(s, h, k);
+                continue;
+            }
+            let ready = self
+                .keys(h)
+                .iter()
+                .all(|&j| s.holder[j].is_none() && s.queue[j].first() == Some(&h));
+            if ready {
+                for &j in self.cfg.sets[h as usize].clone().iter() {
+                    self.take(s, h, j);
+                }
+            }
+            return;
+        }
+    }
+
+    /// A departed waiter `h`, found at the head of `k`'s queue by a call, leaves every queue it
+    /// is in (`gone_set` in lock.lua); each other free key whose queue it headed has a look due
+    /// (its watchers are told to look now: that call serves it, not this one, whose work stays
+    /// bounded). Without `Cfg::drop_serves`, no look is due.
+    fn drop_departed(&self, s: &mut St, h: u8, k: usize) {
+        for j in 0..KEYS {
+            let headed = s.queue[j].first() == Some(&h);
+            s.queue[j].retain(|&x| x != h);
+            if j != k
+                && headed
+                && s.holder[j].is_none()
+                && !s.queue[j].is_empty()
+                && self.cfg.drop_serves
+            {
+                s.lapsed[j] = true;
+            }
+        }
+    }
+
+    /// Serves each of `keys`, in order: the rule's grant, in one script.
     fn serve(&self, s: &mut St, keys: &[usize]) {
         let mut todo: Vec<usize> = keys.to_vec();
         match self.cfg.rule {
             Rule::AllAtOnce => {
-                while let Some(k) = todo.pop() {
-                    s.lapsed[k] = false;
-                    // (k's own new head is served now, below)
-                    let more = self.drop_dead_heads(s, k);
-                    todo.extend(more.into_iter().filter(|&j| j != k));
-                    let Some(&h) = s.queue[k].first() else {
-                        continue;
-                    };
-                    // (the script reads the head's other queues' heads too, and drops the
-                    // departed ones it finds there)
-                    let mut grantable = true;
-                    for &j in self.keys(h) {
-                        let more = self.drop_dead_heads(s, j);
-                        todo.extend(more);
-                        if s.holder[j].is_some() || s.queue[j].first() != Some(&h) {
-                            grantable = false;
-                        }
-                    }
-                    if grantable {
-                        for &j in self.cfg.sets[h as usize].clone().iter() {
-                            self.take(s, h, j);
-                        }
-                    }
+                for &k in keys {
+                    self.serve_key(s, k);
                 }
             }
             Rule::EachInTurn => {
@@ -418,6 +447,7 @@ impl Model for Sets {
             unfair: false,
             lapsed: [false; KEYS],
             refresh_granted: false,
+            refresh_dropped: false,
             refresh_missed: false,
             poll_passed: false,
             poll_served: false,
@@ -480,10 +510,25 @@ impl Model for Sets {
                 }
                 match self.cfg.rule {
                     Rule::AllAtOnce => {
+                        // (set_acquire.lua: each free key's queue served first; then every key
+                        // taken when each is free with an empty queue, else queued in each)
                         for &k in &keys {
-                            n.queue[k].push(w);
+                            if n.holder[k].is_none() && !n.queue[k].is_empty() {
+                                self.serve_key(&mut n, k);
+                            }
                         }
-                        self.serve(&mut n, &keys);
+                        if keys
+                            .iter()
+                            .all(|&k| n.holder[k].is_none() && n.queue[k].is_empty())
+                        {
+                            for &k in &keys {
+                                self.take(&mut n, w, k);
+                            }
+                        } else {
+                            for &k in &keys {
+                                n.queue[k].push(w);
+                            }
+                        }
                     }
                     Rule::EachInTurn => {
                         n.queue[keys[0]].push(w);
@@ -506,6 +551,7 @@ impl Model for Sets {
             }
             Act::Release(w) => {
                 n.ph[w as usize] = Ph::Done;
+                // (set_release.lua: every key let go first, then each one still free served)
                 let keys = self.held(&n, w);
                 for &k in &keys {
                     n.holder[k] = None;
@@ -521,11 +567,38 @@ impl Model for Sets {
                 }
                 for k in 0..KEYS {
                     if n.queue[k].contains(&w) {
+                        // (set_leave.lua serves a free key whose queue it headed; the others
+                        // only lose it)
+                        let headed = n.queue[k].first() == Some(&w);
                         n.queue[k].retain(|&x| x != w);
-                        keys.push(k);
+                        if headed || self.cfg.rule != Rule::AllAtOnce {
+                            keys.push(k);
+                        }
                     }
                 }
                 self.serve(&mut n, &keys);
+            }
+            Act::Refresh(w) if self.cfg.rule == Rule::AllAtOnce => {
+                // (extend.lua on each key: departed waiters at the head of its queue leave every
+                // queue they are in, as a walk's)
+                n.refreshes_left -= 1;
+                let keys = self.held(&n, w);
+                for &k in &keys {
+                    while let Some(&h) = n.queue[k].first() {
+                        if n.ph[h as usize] != Ph::Dead {
+                            break;
+                        }
+                        self.drop_departed(&mut n, h, k);
+                        n.refresh_dropped = true;
+                    }
+                }
+                if keys.iter().any(|&k| {
+                    n.queue[k]
+                        .first()
+                        .is_some_and(|&h| n.ph[h as usize] == Ph::Dead)
+                }) {
+                    n.refresh_missed = true;
+                }
             }
             Act::Refresh(w) => {
                 n.refreshes_left -= 1;
@@ -601,6 +674,9 @@ impl Model for Sets {
                 "canary: a refresh drops a departed head and grants a set behind it",
                 |_, s| s.refresh_granted,
             ),
+            Property::<Self>::sometimes("canary: a refresh drops a departed head", |_, s| {
+                s.refresh_dropped
+            }),
             Property::<Self>::sometimes("canary: every set granted and released", |_, s| {
                 s.ph.iter().all(|p| *p == Ph::Done)
             }),

@@ -59,7 +59,7 @@ async fn wait_zero_means_one_attempt_with_the_whole_command_timeout() {
     assert_eq!(w.limit(CMD, Instant::now()), (CMD, false));
     // A transient failure is not retried: it is the answer.
     assert!(matches!(
-        w.failed(timeout(), false),
+        w.failed::<crate::hold::guard::LockGuard>(timeout(), false),
         Err(Error::Timeout { .. })
     ));
 }
@@ -92,7 +92,7 @@ async fn giving_up_reports_the_last_real_failure_else_wait_timeout() {
     let mut w = Waiting::new(&req.plan);
     w.attempts = 3;
     // A timeout only the deadline caused says nothing about Redis.
-    assert!(matches!(w.failed(timeout(), true), Ok(Step::Failed)));
+    assert!(matches!(w.failed::<()>(timeout(), true), Ok(Step::Failed)));
     tokio::time::advance(ms(3000)).await;
     match w.give_up(&req) {
         Error::WaitTimeout {
@@ -108,7 +108,7 @@ async fn giving_up_reports_the_last_real_failure_else_wait_timeout() {
     }
     // A full command timeout is worth reporting instead.
     let mut w = Waiting::new(&req.plan);
-    assert!(matches!(w.failed(timeout(), false), Ok(Step::Failed)));
+    assert!(matches!(w.failed::<()>(timeout(), false), Ok(Step::Failed)));
     assert!(matches!(w.give_up(&req), Error::Timeout { .. }));
     // A non-transient error ends the wait at once.
     let mut w = Waiting::new(&req.plan);
@@ -117,7 +117,7 @@ async fn giving_up_reports_the_last_real_failure_else_wait_timeout() {
         redis_key: "{waitlock:k}".into(),
     };
     assert!(matches!(
-        w.failed(wrong, false),
+        w.failed::<()>(wrong, false),
         Err(Error::WrongType { .. })
     ));
 }

@@ -228,6 +228,8 @@ fn waiter_rows(
     for (i, w) in waiters.iter().enumerate() {
         let asks = if weights {
             format!(" for {}", w.weight)
+        } else if !w.set.is_empty() {
+            format!(" (a set of {})", w.set.len())
         } else {
             String::new()
         };
@@ -361,6 +363,7 @@ fn waiters_json(waiters: &[waitlock::Waiter]) -> serde_json::Value {
                 "waited_ms": millis(w.waited),
                 "ttl_ms": millis(w.ttl),
                 "weight": w.weight,
+                "set": w.set,
             })
         })
         .collect()
