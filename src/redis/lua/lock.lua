@@ -342,14 +342,15 @@ local function slow_fns(lock, fkey, q, pkey)
     return redis.call('HGET', pkey, '!h') or ''
   end
 
-  -- A refresh of a held lock with waiters: a departed set at the head of the queue is dropped
-  -- (from each of its queues: `gone_set`), so that the waiters it held back on its free keys
-  -- are served within a refresh; any other head is left to the release.
+  -- A refresh of a held lock with waiters: departed sets at the head of the queue are dropped
+  -- (each from every one of its queues: `gone_set`; 8 at most), so that the waiters they held
+  -- back on their free keys are served within a refresh; the first other head ends it (a
+  -- one-key waiter holds nobody back: the release skips it if it is gone).
   local function drop_departed_set()
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
-    local m = head and Q.parse(head)
-    if not (m and m.set) then return end
-    if Q.process(m).is == 'gone' then
+    for _ = 1, 8 do
+      local head = redis.call('ZRANGE', q, 0, 0)[1]
+      local m = head and Q.parse(head)
+      if not (m and m.set) or Q.process(m).is ~= 'gone' then return end
       redis.call('ZREM', q, head)
       gone_set(m)
     end
