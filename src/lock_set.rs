@@ -1,17 +1,23 @@
 //! Several keys at once: `acquire_many`, `acquire_many_wait` and `run_many` on both lockers.
 //!
-//! Two paths, chosen per call:
+//! Three paths, chosen per call (docs/design.md, "Several keys at once"):
 //!
 //! - **At once** (keys on one node: a single server, or one Cluster slot; for one attempt on
 //!   either locker, and for a polling locker's wait): every key in one script
-//!   (`lua/take_set.lua`, at most `TAKE_SET_MAX` = 256 keys a call; a larger set is taken in calls of 256, in order, each all or none, the first that
-//!   finds a key held giving back what the ones before it took), or none. A key whose queue
-//!   may have waiters counts as held (they come first). A polling wait holds nothing between
-//!   attempts. No opt-in.
-//! - **Ordered acquisition** (keys in several slots, or a queued locker's wait; only when the
-//!   caller opts in with [`LockOptions::with_ordered_sets`]): the keys, made a set
-//!   (duplicates merged), are sorted by hash slot and then by key, and taken in that order
-//!   with the single-key lock, each kept alive from the moment it is taken, under one
+//!   (`lua/take_set.lua`, at most `TAKE_SET_MAX` = 256 keys a call; a larger set is taken in
+//!   calls of 256, in order, each all or none, the first that finds a key held giving back
+//!   what the ones before it took), or none. A key whose queue may have waiters counts as held
+//!   (they come first). A polling wait holds nothing between attempts. No opt-in.
+//! - **Queued at once** (a queued locker's wait for keys on one node, at most
+//!   [`QUEUED_SET_MAX`] = 64): the set's member in every key's queue, holding nothing; the call
+//!   that frees its last key hands it every key in one step and one message, when it heads
+//!   each of those queues and each key is free (`lua/set_acquire.lua`, the wait loop of
+//!   `wait::notify`, one for one key or a set). Sets that share a key are served in the order
+//!   they queued; no deadlock. No opt-in.
+//! - **Ordered acquisition** (keys in several slots, or a queued locker's wait for more than
+//!   64 keys; only when the caller opts in with [`LockOptions::with_ordered_sets`]): the keys,
+//!   made a set (duplicates merged), are sorted by hash slot and then by key, and taken in that
+//!   order with the single-key lock, each kept alive from the moment it is taken, under one
 //!   deadline. Waiting, a key is waited for only when it was found held; the keys after it
 //!   are tried all at once (in bursts of [`BURST`]), keeping the run taken from the first and
 //!   releasing those after the first held one. Every caller sorts the same way, so a waiter
@@ -21,9 +27,7 @@
 //!   for, and FIFO holds per key, not per set.
 //!
 //! Anything that ends a call early (its deadline, an error, a dropped future) releases every
-//! key taken. The keys share one loss token: any key lost cancels it. Not built: a queued
-//! locker's wait for a set on one node in every key's queue at once (designed and checked in
-//! `model/src/sets.rs`).
+//! key taken and leaves every queue. The keys share one loss token: any key lost cancels it.
 
 use crate::error::{Error, LossReason, Op, Result};
 use crate::hold::guard::{release_many, LockGuard};
@@ -249,12 +253,18 @@ impl<S: Strategy> Locker<S> {
     /// Takes every key of `keys`, waiting up to `opts.wait` for all of them: one deadline for
     /// the whole set.
     ///
-    /// - A polling locker, keys on one node (a single server, or one Cluster slot): the set
-    ///   at once, as [`acquire_many`](Self::acquire_many) takes it, attempt after attempt
-    ///   with the backoff of [`acquire_wait`](Self::acquire_wait), holding nothing between
-    ///   attempts. No opt-in needed.
-    /// - Otherwise (a queued locker, or keys in several slots) in order, which needs
-    ///   [`LockOptions::with_ordered_sets`]: each key is waited for as
+    /// - A queued locker, keys on one node (a single server, or one Cluster slot), at most
+    ///   64 of them: the set waits once in every key's queue, holding nothing, and is handed
+    ///   every key in one step and one message when it is the oldest live waiter of each and
+    ///   each is free. Sets that share a key are served in the order they queued (an older set
+    ///   is never passed by a later one that overlaps it); a one-key waiter queued on one of
+    ///   the keys is served in that order too. No opt-in needed.
+    /// - A polling locker, keys on one node: the set at once, as
+    ///   [`acquire_many`](Self::acquire_many) takes it, attempt after attempt with the backoff
+    ///   of [`acquire_wait`](Self::acquire_wait), holding nothing between attempts (and in no
+    ///   order: a polling waiter has no queue). No opt-in needed.
+    /// - Otherwise (keys in several slots, or a queued locker's wait for more than 64 keys) in
+    ///   order, which needs [`LockOptions::with_ordered_sets`]: each key is waited for as
     ///   [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in that key's FIFO
     ///   queue), holding the keys before it. If a key already taken is lost
     /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
@@ -263,27 +273,26 @@ impl<S: Strategy> Locker<S> {
     /// for is such a loss) it returns [`Error::Expired`] instead, so the set is never taken
     /// round after round.
     ///
-    /// Errors: [`Error::WaitTimeout`] at the deadline (naming the key it was waiting for,
-    /// `waited` the whole set's wait, `attempts` every attempt the set sent; the keys taken
-    /// are released before it returns), or the connection error or timeout of the last
-    /// attempt at that key when it failed so;
+    /// Errors: [`Error::WaitTimeout`] at the deadline (naming the key it was waiting for, the
+    /// first its last attempt found held, `waited` the whole set's wait, `attempts` every
+    /// attempt the set sent; the keys taken are released before it returns), or the
+    /// connection error or timeout of the last attempt at that key when it failed so;
     /// [`Error::Locked`] when `wait` is zero; otherwise as
     /// [`acquire_many`](Self::acquire_many).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped future releases the keys it had taken in the background, and
-    /// the key it was waiting for leaves no lock, queue entry or task behind (as
-    /// [`acquire_wait`](Self::acquire_wait)).
+    /// leaves every queue it waited in (giving back a grant that raced the drop), with no lock,
+    /// queue entry or task left behind (as [`acquire_wait`](Self::acquire_wait)).
     ///
     /// # Examples
     /// ```no_run
-    /// # async fn example(locker: waitlock::Locker) -> waitlock::Result<()> {
+    /// # async fn example(locker: waitlock::Locker<waitlock::Queue>) -> waitlock::Result<()> {
     /// use std::time::Duration;
-    /// let opts = waitlock::LockOptions::new()
-    ///     .with_wait(Duration::from_secs(2))
-    ///     .with_ordered_sets();
-    /// let set = locker.acquire_many_wait(&["stock:paris", "stock:lyon"], &opts).await?;
-    /// let (paris, lyon) = (set.fence("stock:paris"), set.fence("stock:lyon"));
+    /// let opts = waitlock::LockOptions::new().with_wait(Duration::from_secs(2));
+    /// // One hash tag: one Cluster slot, so the set waits at once in both keys' queues.
+    /// let set = locker.acquire_many_wait(&["{stock}:paris", "{stock}:lyon"], &opts).await?;
+    /// let (paris, lyon) = (set.fence("{stock}:paris"), set.fence("{stock}:lyon"));
     /// // ... move stock, passing each store its own fence ...
     /// # let _ = (paris, lyon);
     /// set.release().await?;

@@ -194,12 +194,13 @@ impl LockOptions {
     /// deadlock; but a waiter holds the keys before the one it waits for, and FIFO holds per
     /// key only (a set may be passed by a later one that does not need the key it waits for).
     /// See `docs/design.md`, "Several keys at once". Needed only where a set cannot be taken
-    /// at once: keys in several Cluster slots, and a queued locker's wait (its atomic wait, in
-    /// every key's queue at once, is not built yet). Keys on one node are taken at once
-    /// whether it is set or not by one attempt ([`Locker::acquire_many`](crate::Locker::acquire_many))
-    /// and by a polling locker's wait. Off by default: without it, the calls that would take
-    /// the set in order refuse it ([`Error::InvalidOptions`](crate::Error::InvalidOptions),
-    /// field `ordered_sets`).
+    /// at once: keys in several Cluster slots, and a queued locker's wait for more than 64
+    /// keys. Keys on one node are taken at once whether it is set or not: by one attempt
+    /// ([`Locker::acquire_many`](crate::Locker::acquire_many)), by a polling locker's wait, and
+    /// by a queued locker's wait for up to 64 keys (in every key's queue at once, FIFO among
+    /// overlapping sets). Off by default: without it, the calls that would take the set in
+    /// order refuse it ([`Error::InvalidOptions`](crate::Error::InvalidOptions), field
+    /// `ordered_sets`).
     #[must_use]
     pub fn with_ordered_sets(mut self) -> Self {
         self.ordered_sets = true;

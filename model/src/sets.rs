@@ -1,15 +1,19 @@
-//! Several keys at once (issue 32): the grant rule of a set of keys in one Cluster slot, and
-//! the two naive rules it replaces, checked exhaustively. This is the rule written before the
-//! scripts: the lock model (`lock.rs`) has one key; this one has three keys and their queues,
-//! and sets of them.
+//! Several keys at once (issue 32): the grant rule of a set of keys in one Cluster slot, as the
+//! scripts build it, and the two naive rules it replaces, checked exhaustively. The lock model
+//! (`lock.rs`) has one key; this one has three keys and their queues, and sets of them.
 //!
-//! **The rule (`Rule::AllAtOnce`).** A set waits in one script: it joins the back of every one
-//! of its keys' queues at once, holding nothing. It is granted, all of its keys in one step,
-//! only when it is at the head of every one of its queues and every one of its keys is free.
-//! Every call that frees a key or removes a head (a release, a lease that ended and the watcher
-//! that looks, a waiter that leaves) serves each key it touched: the head of that key's queue
-//! is granted if the rule allows it. Departed waiters (their process died) at a head are
-//! dropped by the call that finds them, from every queue.
+//! **The rule (`Rule::AllAtOnce`)**, that of `lua/set_acquire.lua`, `set_release.lua`,
+//! `set_leave.lua` and `serve` in `lock.lua`. A set's first call serves each of its free keys'
+//! queues, then takes every key when each is free with an empty queue, or joins the back of
+//! every one of its keys' queues in one step, holding nothing. A call that serves a free key
+//! (`serve_key`) walks its queue from the head: a departed head (its process died) leaves every
+//! queue it is in, and each other free key whose queue it headed gets a look (`drop_departed`:
+//! the scripts tell that key's watchers to look now, and the look serves it; the call itself
+//! does not, so its work stays bounded); the first live head is granted all of its keys in one
+//! step when it is ready (each of them free, and it heads each of their queues: only the heads
+//! are read there), else it stays at the head and the key stays free. A release frees every
+//! key, then serves each one still free; a leave serves the free keys whose queue it headed; a
+//! holder's keep-alive refresh drops departed heads at its keys' queues.
 //!
 //! **FIFO for overlapping sets**, as this rule defines it: a set is never granted while an
 //! older set that shares a key with it still waits ("older": joined its queues first; joining
@@ -58,26 +62,26 @@
 //! **Properties:** (S1) no key has two holders, and a holder holds every key of its set; (S2)
 //! FIFO as defined above; (S3) no deadlock: every run ends with every waiter ended (granted
 //! and released, left, or dead); (S4) nothing left behind: at the end, every key free and
-//! every queue empty; (S5) no waiting (for queued sets): after every step, no live set that the rule would grant
-//! is left waiting, except on a key whose lease just ended (its watcher's look is the cost, as
-//! for one key). (S5) is this model's idle bound, and what finds a call that forgets to serve
-//! a queue it changed.
+//! every queue empty; (S5) no waiting (for queued sets): after every step, no live set that
+//! the rule would grant is left waiting, except on a key whose look is due (a lease that just
+//! ended: its watcher's look is the cost, as for one key; or a departed head dropped by a call
+//! on another key: the look it was given). (S5) is this model's idle bound, and what finds a
+//! call that forgets to serve a queue it changed.
 //!
 //! **What the model found** (before any script): every queue whose head a call changes must be
-//! served by that call. A departed waiter found at the head of one queue (the one served, or
-//! another queue of the head being judged) is dropped from all of its queues, and each of
-//! them must be served; serving fewer leaves a live set behind it waiting on free keys
-//! (`Cfg::drop_serves`, (S5); a first draft of this model served only the other queues, and
-//! deadlocked (S3) with five sets: the head judged had a departed waiter before it on a free
-//! key). And a cost the rule has that one key does not: a departed
-//! waiter at the head of a free key's queue, blocked by another key of its set that a live
-//! holder keeps, holds back the sets behind it on the free key until a call finds it (that
-//! holder's release at the latest); a process that dies is noticed only by a call. (S5) does
-//! not count it (a dead head is not live), and (S3) holds because the holder releases. The
-//! design's answer, modelled here: a holder's keep-alive refresh serves its keys' queues
-//! (`Act::Refresh`), so it finds the departed head within one refresh interval, and (S5) then
-//! requires the sets it held back to be granted in that same call; (S6) a refresh leaves no
-//! departed waiter at the head of its keys' queues; (S7) above.
+//! served by that call, or get a look. A departed waiter found at the head of one queue is
+//! dropped from all of its queues, and each of them whose head it was must be served; serving
+//! fewer leaves a live set behind it waiting on free keys (`Cfg::drop_serves` off: no look,
+//! (S5); a first draft of this model served only the other queues, and deadlocked (S3) with
+//! five sets: the head judged had a departed waiter before it on a free key). And a cost the
+//! rule has that one key does not: a departed waiter at the head of a free key's queue,
+//! blocked by another key of its set that a live holder keeps, holds back the sets behind it
+//! on the free key until a call finds it; a process that dies is noticed only by a call. (S5)
+//! does not count it (a dead head is not live), and (S3) holds because the holder releases.
+//! The design's answer, modelled here: a holder's keep-alive refresh drops departed heads at
+//! its keys' queues (`Act::Refresh`), so it finds the departed head within one refresh
+//! interval, and the look then serves the free key; (S6) a refresh leaves no departed waiter at
+//! the head of its keys' queues; (S7) above.
 
 use stateright::{Model, Property};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -106,10 +110,12 @@ pub struct Cfg {
     pub deaths: u8,
     /// Waiters that leave (a timeout or a cancellation).
     pub leaves: u8,
-    /// Holders' keep-alive refreshes in a run (each serves the holder's keys' queues).
+    /// Holders' keep-alive refreshes in a run (`AllAtOnce`: each drops departed heads at the
+    /// holder's keys' queues; the naive rules: each serves them).
     pub refreshes: u8,
-    /// A departed waiter dropped from the head of one queue gets the other queues it leaves
-    /// served too (as implemented; false: only the queue it was found at, which (S5) breaks).
+    /// A departed waiter dropped from the head of one queue gives each other free key whose
+    /// queue it headed a look (as implemented, or, `EachInTurn`, a serve; false: none, which
+    /// (S5) breaks).
     pub drop_serves: bool,
     /// Waiters (by index; missing: false) that take their set **at once by polling**
     /// (`take_set.lua`, a polling locker's `acquire_many_wait`), beside the queued ones of
@@ -169,8 +175,9 @@ pub struct St {
     pub refreshes_left: u8,
     /// Ghost: a grant broke FIFO (S2).
     pub unfair: bool,
-    /// A dead holder's lease of the key ended with waiters queued, and no call has served it
-    /// since: a watcher looks (the only step a lease's end offers).
+    /// A look at the key is due, and no call has served it since: a dead holder's lease of
+    /// it ended with waiters queued, or a departed head of its queue was dropped by a call on
+    /// another key (a watcher looks: the only step these offer).
     pub lapsed: [bool; KEYS],
     /// Ghost: a refresh granted a set (the canary of the departed head a refresh finds).
     pub refresh_granted: bool,

@@ -47,7 +47,7 @@ Examples:
   waitlock run --limit 4 thumbnails -- ./thumb.sh    # at most 4 at once, across hosts
   waitlock run -s config -- ./read.sh                # readers run together...
   waitlock run -x config -- ./write.sh               # ...a writer runs alone
-  waitlock run stock:paris --also stock:lyon -- ./move.sh   # both keys, in one fixed order
+  waitlock run {stock}:paris --also {stock}:lyon -- ./move.sh   # both keys, at once
   waitlock status nightly-report --json";
 
 /// Runs a command while holding a distributed lock on Redis; shows and releases locks.
@@ -288,10 +288,11 @@ pub struct RunArgs {
     pub key: String,
 
     /// Also hold the lock on this key (repeat for more): the command runs holding KEY and
-    /// every --also key, taken as a set (in one fixed order, by hash slot then key, so runs
-    /// that give the same keys in other orders never deadlock; each key taken is held while
-    /// the next is waited for; FIFO per key; with --nonblock and keys on one node, all at
-    /// once in one call). Plain locks only (not with -s, -x, --limit).
+    /// every --also key, taken as a set, so runs that give the same keys in other orders never
+    /// deadlock. Keys on one node (one server, or one hash tag: {acct}:a, {acct}:b; up to 64):
+    /// waited for at once, holding nothing, in the order runs started waiting; otherwise in
+    /// one fixed order (by hash slot then key), each key taken held while the next is waited
+    /// for. Plain locks only (not with -s, -x, --limit).
     #[arg(long, value_name = "KEY", conflicts_with = "permits")]
     pub also: Vec<String>,
 
