@@ -442,14 +442,25 @@ impl<S: Strategy> Locker<S> {
             Some(hub) => notify::wait(&self.engine, hub, &set::SetRequest::new(reqs)).await,
             None => set::once(&self.engine, &reqs).await,
         };
-        let waited = Some(start.elapsed());
+        self.held_set(keys, taken, Some(start.elapsed())).await
+    }
+
+    /// The set a path took (`taken`, after `waited` if it waited), counted in the locker's
+    /// stats for each key: each key kept alive with the set's shared loss token, or, when one
+    /// was lost already, every key released and `Expired` naming it.
+    async fn held_set(
+        &self,
+        keys: &[String],
+        taken: Result<Vec<LockGuard>>,
+        waited: Option<Duration>,
+    ) -> Result<LockSetGuard> {
         for key in keys {
             self.engine.meter.record(key, &taken, waited);
         }
         let mut guards = taken?;
         let lost = CancellationToken::new();
         for guard in &mut guards {
-            guard.keep_alive_with(lost.clone());
+            guard.share_loss(&lost);
         }
         if let Some((key, reason)) = guards
             .iter()
@@ -480,23 +491,8 @@ impl<S: Strategy> Locker<S> {
         } else {
             set::once(&self.engine, &reqs).await
         };
-        let waited = wait.then(|| start.elapsed());
-        for key in keys {
-            self.engine.meter.record(key, &taken, waited);
-        }
-        let mut guards = taken?;
-        let lost = CancellationToken::new();
-        for guard in &mut guards {
-            guard.share_loss(&lost);
-        }
-        if let Some((key, reason)) = guards
-            .iter()
-            .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
-        {
-            release_all(guards, false).await;
-            return Err(Error::Expired { key, reason });
-        }
-        Ok(LockSetGuard { guards, lost })
+        self.held_set(keys, taken, wait.then(|| start.elapsed()))
+            .await
     }
 
     /// Takes `keys` in order (one attempt each, or waiting until `opts`' deadline),

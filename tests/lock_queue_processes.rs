@@ -144,6 +144,30 @@ fn worker(mode: &str, url: &str, key: &str, hold_ms: u64, tasks: u64, ttl_ms: u6
 
 // ------------------------------------------------------------------ helpers
 
+/// Waits until Redis counts `alive` listeners on the grant channels of `keys` (a killed
+/// process's gone). The bounds of the crash scenarios are for a process whose death Redis has
+/// seen: its subscriber connection closed, so nobody listens on its grant channel. Killing the
+/// process only starts that: on a busy machine Redis may read the close after the release, and
+/// then counts the dead process as alive (a full grant to a process seen within the presence
+/// window: its TTL, as a process frozen at the release). So the scenarios wait for the event.
+async fn until_dead(url: &str, keys: &[&str], alive: usize) -> Result<(), String> {
+    let admin = common::client_for(url).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut n = 0;
+        for key in keys {
+            n += common::listeners(&admin, key).await;
+        }
+        if n <= alive {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("Redis still counts the killed process's subscriber after 10 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 // ------------------------------------------------------------------ scenarios
 
 /// Waiters enqueued one by one, in turn from three processes, acquire in that order.
@@ -278,16 +302,8 @@ async fn a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly(
         return Err("d-a is held while the set waits at its head".into());
     }
     doomed.kill();
-    // (Redis must have seen the death: see `crashed_waiters`. The set listens on its first
-    // key's channel, the survivor on d-a's.)
-    let admin = common::client_for(url).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::listeners(&admin, "d-a").await + common::listeners(&admin, "d-b").await > 1 {
-        if Instant::now() > deadline {
-            return Err("Redis still counts the killed process's subscriber after 10 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    // (The set listens on its first key's channel, the survivor on d-a's.)
+    until_dead(url, &["d-a", "d-b"], 1).await?;
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
@@ -326,19 +342,7 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     survivor.send("wait survivor");
     common::lock_queued(&locker, &key, n + 1).await?;
     doomed.kill();
-    // The bound is for a process whose death Redis has seen: its subscriber connection
-    // closed, so nobody listens on its grant channel. Killing the process only starts that:
-    // on a busy machine Redis may read the close after the release, and then counts the dead
-    // process as alive (a full grant to a process seen within the presence window: its TTL,
-    // as a process frozen at the release). Wait for the event.
-    let admin = common::client_for(url).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::listeners(&admin, &key).await > 1 {
-        if Instant::now() > deadline {
-            return Err("Redis still counts the killed process's subscriber after 10 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    until_dead(url, &[&key], 1).await?;
     let released = now_ns();
     g.release().await.map_err(|e| e.to_string())?;
     let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;

@@ -99,6 +99,18 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
+    /// A grant of `px_ms` from Redis time `at_us`, with `fence` (and a set's `others`).
+    fn leased(fence: u64, px_ms: u64, at_us: u64, others: Vec<u64>) -> Grant {
+        Grant {
+            fence,
+            lease: Some(Lease {
+                px: Duration::from_millis(px_ms),
+                at_us,
+            }),
+            others,
+        }
+    }
+
     /// The fences of every key it grants, in order.
     pub(crate) fn fences(&self) -> impl Iterator<Item = u64> + '_ {
         std::iter::once(self.fence).chain(self.others.iter().copied())
@@ -127,14 +139,7 @@ impl<'a> Message<'a> {
                 let at_us = p.next()?.parse().ok()?;
                 let token = p.next()?;
                 Some(Message::Grant {
-                    grant: Grant {
-                        fence,
-                        lease: Some(Lease {
-                            px: Duration::from_millis(px),
-                            at_us,
-                        }),
-                        others: Vec::new(),
-                    },
+                    grant: Grant::leased(fence, px, at_us, Vec::new()),
                     token,
                     set: None,
                 })
@@ -154,14 +159,7 @@ impl<'a> Message<'a> {
                     return None;
                 }
                 Some(Message::Grant {
-                    grant: Grant {
-                        fence,
-                        lease: Some(Lease {
-                            px: Duration::from_millis(px),
-                            at_us,
-                        }),
-                        others,
-                    },
+                    grant: Grant::leased(fence, px, at_us, others),
                     token,
                     set: Some(locks),
                 })
