@@ -611,3 +611,154 @@ async fn a_set_attempt_serves_a_free_keys_queue_first() {
     let granted = format!(":w:{LIVE2}: g2 ");
     assert!(seen.iter().any(|s| s.contains(&granted)), "{seen:?}");
 }
+
+/// A set's release that meets more departed waiters than one call looks at says "continue"
+/// with what it did to each key, which the next call does not change.
+#[tokio::test]
+async fn a_set_release_that_goes_on_keeps_what_it_said_of_each_key() {
+    let rig = rig().await;
+    let r = &rig.r;
+    assert_eq!(r.set_queue(AB, "S", LIVE).await.1[0], 0);
+    // 250 waiters of a process nobody listens for, queued on a behind the set.
+    for i in 0..250 {
+        let _: i64 = cmd(
+            &r.c,
+            "ZADD",
+            vec![
+                format!("{}:q", lock("a")).into(),
+                i.into(),
+                format!("dddddddddddd {TTL} dead{i}").into(),
+            ],
+        )
+        .await;
+    }
+    let _: () =
+        r.c.set(lock("a"), "qS", None, None, false)
+            .await
+            .expect("SET");
+    assert_eq!(r.set_release(AB, "S", LIVE).await, vec![4, 1, 1]);
+    // a is the caller's to pass on, for the claim window; the next call finishes.
+    assert_eq!(r.get("a").await.as_deref(), Some("qS"));
+    assert_eq!(r.set_release(AB, "S", LIVE).await, vec![1, 0]);
+    assert_eq!(r.get("a").await, None);
+    assert!(r.queue("a").await.is_empty());
+}
+
+/// A refresh drops departed waiters at its queue's head one after another, one-key waiters
+/// included, so a departed set behind a departed one-key waiter goes too.
+#[tokio::test]
+async fn a_refresh_drops_departed_heads_of_both_kinds() {
+    let mut rig = rig().await;
+    rig.r.take("b", "Y").await;
+    let dsub = rig.mortal("a").await;
+    // A departed one-key waiter heads b's queue; then D {a, b}; W waits on a behind D.
+    let _: i64 = cmd(
+        &rig.r.c,
+        "ZADD",
+        vec![
+            format!("{}:q", lock("b")).into(),
+            0.into(),
+            format!("dddddddddddd {TTL} one").into(),
+        ],
+    )
+    .await;
+    let (d, _) = rig.r.set_queue(AB, "D", MORTAL).await;
+    let (w, _) = rig.r.one_queue("a", "W", LIVE).await;
+    assert_eq!(rig.r.queue("a").await, vec![d.clone(), w.clone()]);
+    rig.die(dsub, "a").await;
+    rig.messages().await;
+    assert_eq!(rig.r.extend("b", "Y").await[0], 1);
+    assert!(rig.r.queue("b").await.is_empty(), "both heads dropped");
+    assert_eq!(rig.r.queue("a").await, vec![w.clone()]);
+    let seen = rig.messages().await;
+    let look = format!("{}:w:{LIVE}: w3 0 ", lock("a"));
+    assert!(seen.iter().any(|s| s.starts_with(&look)), "{seen:?}");
+}
+
+/// The orphan give-back is all or nothing: a grant one of whose keys its waiter claimed (or
+/// another grant holds) is kept whole.
+#[tokio::test]
+async fn the_orphan_give_back_keeps_a_grant_partly_claimed() {
+    let mut rig = rig().await;
+    let (_, fences) = rig.granted_to_s().await;
+    let r = &rig.r;
+    let _: i64 = cmd(
+        &r.c,
+        "SETRANGE",
+        vec![lock("b").into(), 0.into(), "q".into()],
+    )
+    .await;
+    let orphan = Argv {
+        pid: LIVE,
+        flag: "o",
+        fence: &fences,
+        ..Argv::default()
+    };
+    assert_eq!(r.set_leave(AB, "S", "", orphan).await, vec![0]);
+    assert_eq!(r.get("a").await.as_deref(), Some("hS"));
+    assert_eq!(r.get("b").await.as_deref(), Some("qS"));
+}
+
+/// A set missing from one of its queues leaves them all when it queues again: a free key whose
+/// queue it headed is served (its next waiter holds it), and the set joins each queue at the
+/// back.
+#[tokio::test]
+async fn a_set_queueing_again_serves_the_free_keys_it_headed() {
+    let mut rig = rig().await;
+    let r = &rig.r;
+    r.take("b", "Y").await;
+    let (m, _) = r.set_queue(AB, "S", LIVE).await;
+    let (w, _) = r.one_queue("a", "W", LIVE2).await;
+    assert_eq!(r.queue("a").await, vec![m.clone(), w.clone()]);
+    let _: i64 = cmd(
+        &r.c,
+        "ZREM",
+        vec![format!("{}:q", lock("b")).into(), m.clone().into()],
+    )
+    .await;
+    rig.messages().await;
+    let r = &rig.r;
+    let (_, again) = r.set_queue(AB, "S", LIVE).await;
+    assert_eq!(again[0], 2, "{again:?}");
+    assert_eq!(r.get("a").await.as_deref(), Some("hW"));
+    assert_eq!(r.queue("a").await, vec![m.clone()]);
+    assert_eq!(r.queue("b").await, vec![m.clone()]);
+    let seen = rig.messages().await;
+    let granted = format!("{}:w:{LIVE2}: g2 ", lock("a"));
+    assert!(seen.iter().any(|s| s.starts_with(&granted)), "{seen:?}");
+}
+
+/// A one-key waiter that leaves a free key's queue behind a waiting set does not tell the
+/// watchers to look now (a look would find the set still waiting).
+#[tokio::test]
+async fn leaving_behind_a_waiting_set_sends_no_look() {
+    let mut rig = rig().await;
+    let r = &rig.r;
+    r.take("b", "Y").await;
+    r.set_queue(AB, "S", LIVE).await;
+    let (w, _) = r.one_queue("a", "W", LIVE2).await;
+    // (V stays: the queue keeps watchers to tell.)
+    r.one_queue("a", "V", LIVE2).await;
+    rig.messages().await;
+    let leave = Argv {
+        pid: LIVE2,
+        flag: "G",
+        member: &w,
+        ..Argv::default()
+    };
+    let r = &rig.r;
+    assert_eq!(
+        r.call(
+            scripts::LEAVE,
+            &["a"],
+            Argv {
+                token: "W",
+                ..leave
+            }
+        )
+        .await,
+        vec![0]
+    );
+    let seen = rig.messages().await;
+    assert!(seen.iter().all(|s| !s.contains(" w3 0 ")), "{seen:?}");
+}

@@ -866,6 +866,9 @@ impl Engine {
             return Ok(Vec::new());
         };
         let deadline = Instant::now() + limit;
+        // What the first call said of each key stands: a call that goes on ("continue")
+        // finds the keys released already not held any more.
+        let mut first_codes: Option<Vec<i64>> = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let reply: Vec<i64> = self
@@ -879,13 +882,16 @@ impl Engine {
                     how,
                 )
                 .await?;
-            if reply == [reply::CONTINUE] {
+            let (more, codes) = match reply.as_slice() {
+                [reply::CONTINUE, codes @ ..] if codes.len() == set.len() => (true, codes),
+                codes if codes.len() == set.len() => (false, codes),
+                other => return Err(unexpected(set[0], Op::Release, other)),
+            };
+            let codes = first_codes.get_or_insert_with(|| codes.to_vec());
+            if more {
                 continue;
             }
-            if reply.len() != set.len() {
-                return Err(unexpected(set[0], Op::Release, &reply));
-            }
-            return Ok(reply
+            return Ok(codes
                 .iter()
                 .map(|code| match *code {
                     reply::DONE => Released::Deleted,

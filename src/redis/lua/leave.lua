@@ -7,7 +7,13 @@
 local L = slow()
 if MEMBER ~= '' and redis.call('ZREM', KEYS[3], MEMBER) == 1 then
   local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then pttl = 0 end
+  if pttl < 0 then
+    -- Free: the watchers look now, unless a set at the head waits for its other keys (a look
+    -- would find it still waiting; its grant tells them).
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local m = head and L.parse(head)
+    if m and m.set then pttl = NO_LEASE else pttl = 0 end
+  end
   L.watch(L.holder_pid(), pttl)
 end
 local cur = redis.call('GET', KEYS[1])

@@ -342,18 +342,19 @@ local function slow_fns(lock, fkey, q, pkey)
     return redis.call('HGET', pkey, '!h') or ''
   end
 
-  -- A refresh of a held lock with waiters: departed sets at the head of the queue are dropped
-  -- (each from every one of its queues: `gone_set`; 8 at most), so that the waiters they held
-  -- back on their free keys are served within a refresh; the first other head ends it (a
-  -- one-key waiter holds nobody back: the release skips it if it is gone).
+  -- A refresh of a held lock with waiters: departed waiters at the head of the queue are
+  -- dropped, as a walk drops them (a set from every one of its queues: `gone_set`; a lapsed
+  -- process that still listens told), 8 at most, so that a departed set heading one of its
+  -- free keys' queues holds the waiters there back a refresh interval at most. The first live
+  -- head ends it. (A head at a time: most refreshes find a live one.)
   local function drop_departed_set()
+    local saved = budget
     for _ = 1, 8 do
-      local head = redis.call('ZRANGE', q, 0, 0)[1]
-      local m = head and Q.parse(head)
-      if not (m and m.set) or Q.process(m).is ~= 'gone' then return end
-      redis.call('ZREM', q, head)
-      gone_set(m)
+      budget = 1
+      local stopped, _, out = Q.walk('', nil, function() return 'stop' end)
+      if stopped or out == 0 then break end
     end
+    budget = saved
   end
 
   fns = setmetatable({serve = serve, release_held = release_held,

@@ -74,6 +74,10 @@ end
 local SCAN = 200
 local budget = nil
 
+-- The most keys a set waits for at once (QUEUED_SET_MAX in src/wait/set.rs): every call's
+-- work on a set grows with its keys.
+local SET_MAX = 64
+
 -- A watcher of a key that is free while a set at the head of its queue waits for its other
 -- keys has no lease to look at: it is told this (ms), the waiter's last resort, as a lease
 -- (it is served by that set's grant, and told again then).
@@ -107,7 +111,8 @@ local function parse_member(m, key)
   end
   local token, tail = string.match(rest, '^(%S+) (.+)$')
   local set = token and set_locks(tail)
-  if not set then return nil end
+  -- (No set has more keys than QUEUED_SET_MAX: one that does is no member of ours.)
+  if not set or #set > SET_MAX then return nil end
   p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
   return p
 end
@@ -417,7 +422,8 @@ local function queue_at(key, q, pkey)
 
     -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
     -- script. A member whose process is gone (nobody listens, or it lapsed) is dropped (a set's
-    -- from each of its queues: `fns.gone_set`, the lock's); a lapsed process that still listens
+    -- from each of its queues, at once: `fns.gone_set`, the lock's; each of its other keys
+    -- counts as a member against the bound); a lapsed process that still listens
     -- is told ('d2') once, so its waiters do not sleep out of the queue. `visit(m)` sees every
     -- other member, the caller's own too (`m.own`: `self`, or any member of `own_token`), with
     -- `m.pid`, `m.ttl`, `m.token`, `m.chan`, `m.set`, and `m.p` (`process(m)`, not for the
@@ -428,16 +434,19 @@ local function queue_at(key, q, pkey)
     -- may be left), how many left the queue, and whether members are left behind the last one
     -- it visited (nil: not known without asking).
     local function walk(self, own_token, visit)
-      local out, stopped, gone = {}, false, {}
+      local out, stopped = {}, false
       local limit = SCAN
       if budget then limit = math.max(0, math.min(SCAN, budget)) end
       -- Heads are read a few at a time (most walks stop at the first live one), `limit` at
-      -- most: `from` heads read so far, `heads` the last batch, `i` its members visited.
-      local from, heads, i, size, full = 0, {}, 0, 8, limit > 0
+      -- most: `from` heads read so far, `heads` the last batch, `i` its members visited;
+      -- `extra`: what the departed sets dropped from their other queues cost (a key each).
+      local from, heads, i, size, full, extra = 0, {}, 0, 8, limit > 0, 0
+      local function spent() return from - (#heads - i) + extra end
       local function next_head()
+        if spent() >= limit then return nil end
         if i == #heads then
-          if not full or from >= limit then return nil end
-          local n = math.min(size, limit - from)
+          if not full then return nil end
+          local n = math.min(size, limit - spent())
           heads = redis.call('ZRANGE', q, from, from + n - 1)
           full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
           if #heads == 0 then return nil end
@@ -482,7 +491,12 @@ local function queue_at(key, q, pkey)
             end
             if m.p.is == 'gone' then
               verdict = 'take'
-              if m.set then gone[#gone + 1] = m end
+              -- (At once: a live set behind it is then judged against its other queues as
+              -- they are without it.)
+              if m.set and fns.gone_set then
+                extra = extra + #m.set - 1
+                fns.gone_set(m)
+              end
             else
               verdict = visit(m)
             end
@@ -495,16 +509,11 @@ local function queue_at(key, q, pkey)
         end
       end
       if #out > 0 then redis.call('ZREM', q, unpack(out)) end
-      if budget then budget = budget - (from - (#heads - i)) end
-      -- A departed set leaves each of its queues (it must not stay ahead of the waiters
-      -- there, nor come back behind them in one queue only).
-      if fns.gone_set then
-        for _, m in ipairs(gone) do fns.gone_set(m) end
-      end
+      if budget then budget = budget - spent() end
       -- Members behind the last one visited: true, false, or nil (not read: maybe).
       local behind = i < #heads or nil
       if not behind and not full then behind = false end
-      return stopped, from - (#heads - i) == limit, #out, behind
+      return stopped, spent() >= limit, #out, behind
     end
 
     -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see

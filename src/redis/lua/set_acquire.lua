@@ -160,8 +160,17 @@ for j = 1, n do
   if L(j).add_member() then added = added + 1 end
 end
 if added > 0 and added < n then
-  for j = 1, n do redis.call('ZREM', KEYS[4 * j - 1], MEMBER) end
+  -- (A free key whose queue it headed has a new head: served, as a departing waiter does.)
+  for j = 1, n do
+    local q = KEYS[4 * j - 1]
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('ZREM', q, MEMBER)
+    if head == MEMBER and not redis.call('GET', locks[j]) then
+      if L(j).release_held(QUEUED) == CONTINUE then return {CONTINUE, j} end
+    end
+  end
   for j = 1, n do L(j).add_member() end
+  cur = redis.call('MGET', unpack(locks))
 end
 local look, watcher, depth, f1 = nil, 0, 0, nil
 for j = 1, n do

@@ -2,9 +2,9 @@
 -- A set's waiter leaves: MEMBER (the set's member) out of every one of its keys' queues; a key
 -- that is free and whose queue it headed (it held the waiters there back) is served; the others
 -- keep their watchers fit. Then, if TOKEN holds the set's keys, it gives them back (as
--- set_release.lua): FLAG 'G' whatever it holds, FLAG 'o' only the keys still held by the
--- unclaimed grant whose fences FENCE lists ("<fence 1>,<fence 2>,...": a grant whose waiter had
--- gone; a newer grant, or one its waiter claimed, is kept).
+-- set_release.lua): FLAG 'G' whatever it holds, FLAG 'o' only an unclaimed grant whose fences
+-- FENCE lists ("<fence 1>,<fence 2>,...": a grant whose waiter had gone), and only if every key
+-- is still that grant's (a newer grant, or one its waiter claimed, is kept whole).
 -- KEYS: lock, fence, queue, processes of each key. ARGV: as every lock script's.
 -- Reply {0} it gave nothing back; {2} it gave keys back; {4} departed waiters dropped, more to
 -- look at on some key, which is TOKEN's for the claim window: call set_release.lua.
@@ -28,26 +28,28 @@ if MEMBER ~= '' then
     end
   end
 end
-local fences = {}
+local cur = {}
+for j = 1, n do cur[j] = redis.call('GET', KEYS[4 * j - 3]) end
 if FLAG == 'o' then
+  local fences = {}
   for f in string.gmatch(FENCE, '[^,]+') do fences[#fences + 1] = f end
+  for j = 1, n do
+    local v = cur[j]
+    local state = v and state_of(v)
+    if not (v and holder_of(v) == TOKEN and (state == HANDED or state == GRANTED)
+        and string.format('%.0f', (fence_parse(redis.call('GET', KEYS[4 * j - 2])))) == fences[j]) then
+      if more then return {CONTINUE} end
+      return {NOT_HELD}
+    end
+  end
 end
 local gave, serve = false, {}
 for j = 1, n do
-  local l = KEYS[4 * j - 3]
-  local cur = redis.call('GET', l)
-  if cur and holder_of(cur) == TOKEN then
-    local state = state_of(cur)
-    local mine = true
-    if FLAG == 'o' then
-      mine = (state == HANDED or state == GRANTED)
-        and string.format('%.0f', (fence_parse(redis.call('GET', KEYS[4 * j - 2])))) == fences[j]
-    end
-    if mine then
-      gave = true
-      redis.call('DEL', l)
-      if state ~= TAKEN then serve[#serve + 1] = j end
-    end
+  local v = cur[j]
+  if v and holder_of(v) == TOKEN then
+    gave = true
+    redis.call('DEL', KEYS[4 * j - 3])
+    if state_of(v) ~= TAKEN then serve[#serve + 1] = j end
   end
 end
 for _, j in ipairs(serve) do

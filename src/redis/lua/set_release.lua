@@ -8,8 +8,9 @@
 -- as release.lua's late release does. The walks of all keys share one bound (SCAN members).
 -- KEYS: lock, fence, queue, processes of each key. ARGV: as every lock script's.
 -- Reply: one code per key as release.lua's ({0} not held, {1} deleted or left free, {2}
--- handed over), or {4}: departed waiters dropped and more to look at on some key, which stays
--- TOKEN's for the claim window: call again (the keys released already answer 0 then).
+-- handed over), or {4, code 1, ..., code n}: the same, and departed waiters dropped with more to
+-- look at on some key, which stays TOKEN's for the claim window: call again (what this call
+-- said of each key stands: the keys released now answer 0 then).
 budget = SCAN
 local n = #KEYS / 4
 local out, serve = {}, {}
@@ -46,5 +47,5 @@ for _, j in ipairs(serve) do
     end
   end
 end
-if more then return {CONTINUE} end
+if more then return {CONTINUE, unpack(out)} end
 return out
