@@ -44,6 +44,8 @@ struct Argv<'a> {
     pid: &'a str,
     flag: &'a str,
     fence: &'a str,
+    /// Sent as a Cluster's client sends it (ARGV[10] `cluster`).
+    cluster: bool,
 }
 
 struct Calls {
@@ -73,6 +75,10 @@ impl Calls {
             a.flag.into(),
             a.fence.into(),
         ];
+        let mut argv = argv;
+        if a.cluster {
+            argv.push("cluster".into());
+        }
         self.c
             .eval(script, k, argv)
             .await
@@ -761,4 +767,230 @@ async fn leaving_behind_a_waiting_set_sends_no_look() {
     );
     let seen = rig.messages().await;
     assert!(seen.iter().all(|s| !s.contains(" w3 0 ")), "{seen:?}");
+}
+
+/// On a Cluster (a slot can be migrating: a key not yet moved reads as absent on the importing
+/// node) a call does not grant a set whose keys it did not all declare: the key it serves is
+/// reserved for the set ('r', the claim window), and the set, told to look now, takes every
+/// key by its own call (which declares them all).
+#[tokio::test]
+async fn on_a_cluster_a_set_is_reserved_then_takes_its_keys_by_its_own_call() {
+    let mut rig = rig().await;
+    rig.r.take("a", "X").await;
+    let cluster = Argv {
+        cluster: true,
+        ..Argv::default()
+    };
+    let m = set_member(LIVE, "S", AB);
+    let queue = Argv {
+        token: "S",
+        member: &m,
+        pid: LIVE,
+        ..cluster
+    };
+    assert_eq!(rig.r.call(scripts::SET_ACQUIRE, AB, queue).await[0], 2);
+    rig.messages().await;
+    let release = Argv {
+        token: "X",
+        ttl: 1,
+        ..cluster
+    };
+    assert_eq!(rig.r.call(scripts::RELEASE, &["a"], release).await, vec![2]);
+    assert_eq!(rig.r.get("a").await.as_deref(), Some("rS"));
+    assert!(rig.r.pttl("a").await <= 500);
+    assert_eq!(
+        rig.r.get("b").await,
+        None,
+        "b not written: a call on a did not declare it"
+    );
+    assert_eq!(rig.r.queue("a").await, vec![m.clone()]);
+    let fence: Option<String> = rig
+        .r
+        .c
+        .get(format!("{}:fence", lock("a")))
+        .await
+        .expect("GET");
+    assert!(fence.is_some_and(|f| f.ends_with(&format!(" q {LIVE}"))));
+    let seen = rig.messages().await;
+    let told = format!("{}:w:{LIVE}: w3 0 ", lock("a"));
+    assert!(
+        seen.iter()
+            .any(|s| s.starts_with(&told) && s.ends_with(" S")),
+        "{seen:?}"
+    );
+    // Nobody else takes a reserved key, nor refreshes one.
+    assert_eq!(rig.r.one_try("a", "P").await[0], 2);
+    let extend = Argv {
+        token: "S",
+        ..cluster
+    };
+    assert_eq!(rig.r.call(scripts::EXTEND, &["a"], extend).await, vec![0]);
+    // The set's own call takes both keys.
+    let took = rig.r.call(scripts::SET_ACQUIRE, AB, queue).await;
+    assert_eq!(&took[..2], &[0, TTL as i64], "{took:?}");
+    assert_eq!(rig.r.get("a").await.as_deref(), Some("pS"));
+    assert_eq!(rig.r.get("b").await.as_deref(), Some("pS"));
+    assert!(rig.r.queue("a").await.is_empty() && rig.r.queue("b").await.is_empty());
+}
+
+/// A reservation the set does not take lapses as a short grant does: the next call on the
+/// free key marks the set's process lapsed, drops the set, tells it ('d2'), and serves the key.
+/// A set that finds it cannot take its keys gives its reservation back.
+#[tokio::test]
+async fn on_a_cluster_a_reservation_lapses_or_is_given_back() {
+    for lapse in [false, true] {
+        let mut rig = rig().await;
+        let cluster = Argv {
+            cluster: true,
+            ..Argv::default()
+        };
+        let m = set_member(LIVE, "S", AB);
+        let queue = Argv {
+            token: "S",
+            member: &m,
+            pid: LIVE,
+            ..cluster
+        };
+        let release = Argv {
+            token: "X",
+            ttl: 1,
+            ..cluster
+        };
+        rig.r.take("a", "X").await;
+        rig.r.call(scripts::SET_ACQUIRE, AB, queue).await;
+        rig.r.call(scripts::RELEASE, &["a"], release).await;
+        assert_eq!(rig.r.get("a").await.as_deref(), Some("rS"));
+        if !lapse {
+            // Given back: b is taken (by hand) before the set looks.
+            let _: () = rig
+                .r
+                .c
+                .set(lock("b"), "pZ", None, None, false)
+                .await
+                .expect("SET");
+            let looked = rig.r.call(scripts::SET_ACQUIRE, AB, queue).await;
+            assert_eq!((looked[0], looked[2]), (2, 1), "queued still: {looked:?}");
+            assert_eq!(rig.r.get("a").await, None, "reservation given back");
+            assert_eq!(rig.r.queue("a").await, vec![m.clone()]);
+            continue;
+        }
+        // Lapsed: a's reservation ends (by hand here) before the set takes it.
+        let _: i64 = cmd(&rig.r.c, "DEL", vec![lock("a").into()]).await;
+        rig.messages().await;
+        let poll = Argv {
+            token: "P",
+            ..cluster
+        };
+        let took = rig.r.call(scripts::ACQUIRE, &["a"], poll).await;
+        assert_eq!(took[0], 0, "the lapsed set is skipped: {took:?}");
+        assert!(rig.r.queue("a").await.is_empty());
+        let seen = rig.messages().await;
+        let dropped = format!("{}:w:{LIVE}: d2", lock("a"));
+        assert!(seen.contains(&dropped), "{seen:?}");
+    }
+}
+
+/// On a Cluster a departed set is dropped from the queues the call declared only; the other
+/// free keys whose queue it headed get their watchers told to look now, and nothing else of
+/// them is written.
+#[tokio::test]
+async fn on_a_cluster_a_departed_set_is_dropped_where_declared_and_looked_at_elsewhere() {
+    let mut rig = rig().await;
+    rig.r.take("a", "X").await;
+    let dsub = rig.mortal("a").await;
+    let d = set_member(MORTAL, "D", AB);
+    let cluster = Argv {
+        cluster: true,
+        ..Argv::default()
+    };
+    let queue = Argv {
+        token: "D",
+        member: &d,
+        pid: MORTAL,
+        ..cluster
+    };
+    rig.r.call(scripts::SET_ACQUIRE, AB, queue).await;
+    let (w, _) = rig.r.one_queue("b", "W", LIVE).await;
+    rig.die(dsub, "a").await;
+    rig.messages().await;
+    let release = Argv {
+        token: "X",
+        ttl: 1,
+        ..cluster
+    };
+    assert_eq!(rig.r.call(scripts::RELEASE, &["a"], release).await, vec![1]);
+    assert!(rig.r.queue("a").await.is_empty());
+    assert_eq!(
+        rig.r.queue("b").await,
+        vec![d.clone(), w.clone()],
+        "b not written"
+    );
+    let seen = rig.messages().await;
+    let look = format!("{}:w:{LIVE}: w3 0 ", lock("b"));
+    assert!(
+        seen.iter()
+            .any(|s| s.starts_with(&look) && s.ends_with(" W")),
+        "{seen:?}"
+    );
+    // W's look drops D there and takes b.
+    let look = Argv {
+        token: "W",
+        member: &w,
+        pid: LIVE,
+        ..cluster
+    };
+    assert_eq!(rig.r.call(scripts::ACQUIRE, &["b"], look).await[0], 0);
+}
+
+/// On a Cluster, a set that cannot take the keys reserved for it gives each back and serves
+/// it: its head may be another waiter, queued while the set was out of that queue (found by the
+/// model: freeing the key alone left that waiter on a free key with nothing to wake it).
+#[tokio::test]
+async fn on_a_cluster_a_reservation_given_back_is_served() {
+    let rig = rig().await;
+    let r = &rig.r;
+    let cluster = Argv {
+        cluster: true,
+        ..Argv::default()
+    };
+    r.take("b", "X").await;
+    let m = set_member(LIVE, "S", AB);
+    let queue = Argv {
+        token: "S",
+        member: &m,
+        pid: LIVE,
+        ..cluster
+    };
+    r.call(scripts::SET_ACQUIRE, AB, queue).await;
+    let release = Argv {
+        token: "X",
+        ttl: 1,
+        ..cluster
+    };
+    r.call(scripts::RELEASE, &["b"], release).await;
+    assert_eq!(r.get("b").await.as_deref(), Some("rS"));
+    // The set is out of b's queue (dropped there), and W queues on b meanwhile.
+    let _: i64 = cmd(
+        &r.c,
+        "ZREM",
+        vec![format!("{}:q", lock("b")).into(), m.clone().into()],
+    )
+    .await;
+    let w = format!("{LIVE2} {TTL} W");
+    let wq = Argv {
+        token: "W",
+        member: &w,
+        pid: LIVE2,
+        ..cluster
+    };
+    r.call(scripts::ACQUIRE, &["b"], wq).await;
+    let looked = r.call(scripts::SET_ACQUIRE, AB, queue).await;
+    assert_eq!(looked[0], 2, "{looked:?}");
+    assert_eq!(
+        r.get("b").await.as_deref(),
+        Some("hW"),
+        "given back, and served"
+    );
+    assert_eq!(r.queue("b").await, vec![m.clone()]);
+    assert_eq!(r.queue("a").await, vec![m.clone()]);
 }

@@ -126,6 +126,16 @@ pub struct Cfg {
     /// Mutation: a polling attempt ignores the queues (takes free keys with waiters queued:
     /// (S7) breaks).
     pub poll_ignores_queues: bool,
+    /// The keys are a Cluster's (`AllAtOnce`): a call grants a set only when it declared every
+    /// one of its keys; otherwise the key it serves is reserved for the set, which takes its
+    /// keys by its own call (`Act::Claim`), or lets the reservation lapse (`Act::Lapse`).
+    pub cluster: bool,
+    /// Reservations of live sets that lapse in a run (`Cfg::cluster`: the set's process was
+    /// slow or frozen past the claim window); a dead set's always lapses.
+    pub lapses: u8,
+    /// A claim that cannot take every key serves each key it gives back (as built; false:
+    /// only frees them, which (S5) breaks).
+    pub claim_serves: bool,
 }
 
 impl Default for Cfg {
@@ -140,6 +150,9 @@ impl Default for Cfg {
             drop_serves: true,
             polling: Vec::new(),
             poll_ignores_queues: false,
+            cluster: false,
+            lapses: 1,
+            claim_serves: true,
         }
     }
 }
@@ -165,6 +178,9 @@ pub struct St {
     pub ph: Vec<Ph>,
     /// Redis: each key's holder (a waiter), while its lease lasts.
     pub holder: [Option<u8>; KEYS],
+    /// Redis (`Cfg::cluster`): a key reserved for a set ('r'), until it takes it or the
+    /// reservation lapses. Nobody holds it, and nobody else may take it.
+    pub reserved: [Option<u8>; KEYS],
     /// Redis: each key's queue, oldest first.
     pub queue: [Vec<u8>; KEYS],
     /// Ghost: the order in which waiters began to wait (0: not yet).
@@ -173,6 +189,7 @@ pub struct St {
     pub deaths_left: u8,
     pub leaves_left: u8,
     pub refreshes_left: u8,
+    pub lapses_left: u8,
     /// Ghost: a grant broke FIFO (S2).
     pub unfair: bool,
     /// A look at the key is due, and no call has served it since: a dead holder's lease of
@@ -190,6 +207,8 @@ pub struct St {
     pub poll_passed: bool,
     /// Ghost: a polling attempt served a free key's queue (a canary).
     pub poll_served: bool,
+    /// Ghost (`Cfg::cluster`): a set took its keys by its own claim of a reservation.
+    pub claimed: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -208,6 +227,13 @@ pub enum Act {
     Expire(u8),
     /// A watcher looks at this key: free, with a queue.
     Look(u8),
+    /// A set told its key is reserved for it takes its keys by its own call (or gives the
+    /// reservations back: it cannot take them all).
+    Claim(u8),
+    /// A reservation of this key ends before its set took it (its process was slow, frozen or
+    /// dead): a live set is dropped from the key's queue, told, and queues again at the back
+    /// of all of its queues; a look at the key is due.
+    Lapse(u8),
 }
 
 /// The model.
@@ -245,7 +271,9 @@ impl Sets {
     fn poll_at_once(&self, s: &mut St, w: u8) {
         let keys = self.keys(w).to_vec();
         let free = |s: &St, k: usize| {
-            s.holder[k].is_none() && (self.cfg.poll_ignores_queues || s.queue[k].is_empty())
+            s.holder[k].is_none()
+                && s.reserved[k].is_none()
+                && (self.cfg.poll_ignores_queues || s.queue[k].is_empty())
         };
         if keys.iter().all(|&k| free(s, k)) {
             for &k in &keys {
@@ -282,6 +310,7 @@ impl Sets {
     /// that still wait.
     fn take(&self, s: &mut St, w: u8, k: usize) {
         s.holder[k] = Some(w);
+        s.reserved[k] = None;
         // (a set leaves every queue at once; one key's turn leaves that key's; a poller has none)
         for (j, q) in s.queue.iter_mut().enumerate() {
             if self.cfg.rule == Rule::AllAtOnce || j == k {
@@ -330,21 +359,50 @@ impl Sets {
     /// key of its set when it is ready (`set_ready`: each of its keys free, and it heads each
     /// of those queues; only the heads are read there), else it stays at the head and the key
     /// stays free ('blocked': the waiters behind it wait).
-    fn serve_key(&self, s: &mut St, k: usize) {
+    /// A set's first call (`Rule::AllAtOnce`, set_acquire.lua, in no queue yet): each free
+    /// key's queue served first; then every key taken when each is free with an empty queue,
+    /// else it queues in each, at the back.
+    fn attempt(&self, n: &mut St, w: u8) {
+        let keys = self.keys(w).to_vec();
+        for &k in &keys {
+            if n.holder[k].is_none() && !n.queue[k].is_empty() {
+                self.serve_key(n, k, &keys);
+            }
+        }
+        if keys
+            .iter()
+            .all(|&k| Self::free(n, k, w) && n.queue[k].is_empty())
+        {
+            for &k in &keys {
+                self.take(n, w, k);
+            }
+        } else {
+            for &k in &keys {
+                n.queue[k].push(w);
+            }
+        }
+    }
+
+    /// `declared`: the keys the call named (`Cfg::cluster`: the only ones it may write).
+    fn serve_key(&self, s: &mut St, k: usize, declared: &[usize]) {
         s.lapsed[k] = false;
-        if s.holder[k].is_some() {
+        if s.holder[k].is_some() || s.reserved[k].is_some() {
             return;
         }
         while let Some(&h) = s.queue[k].first() {
             if s.ph[h as usize] == Ph::Dead {
-                self.drop_departed(s, h, k);
+                self.drop_departed(s, h, k, declared);
                 continue;
             }
             let ready = self
                 .keys(h)
                 .iter()
-                .all(|&j| s.holder[j].is_none() && s.queue[j].first() == Some(&h));
+                .all(|&j| Self::free(s, j, h) && s.queue[j].first() == Some(&h));
             if ready {
+                if self.cfg.cluster && !self.keys(h).iter().all(|j| declared.contains(j)) {
+                    s.reserved[k] = Some(h);
+                    return;
+                }
                 for &j in self.cfg.sets[h as usize].clone().iter() {
                     self.take(s, h, j);
                 }
@@ -353,18 +411,31 @@ impl Sets {
         }
     }
 
+    /// Whether key `j` is free for set `h`: nobody holds it, and it is not reserved for
+    /// another set.
+    fn free(s: &St, j: usize, h: u8) -> bool {
+        s.holder[j].is_none() && s.reserved[j].is_none_or(|r| r == h)
+    }
+
     /// A departed waiter `h`, found at the head of `k`'s queue by a call, leaves every queue it
     /// is in (`gone_set` in lock.lua); each other free key whose queue it headed has a look due
     /// (its watchers are told to look now: that call serves it, not this one, whose work stays
     /// bounded). Without `Cfg::drop_serves`, no look is due.
-    fn drop_departed(&self, s: &mut St, h: u8, k: usize) {
+    /// (`Cfg::cluster`: the call leaves it in the queues of keys it did not declare, and only
+    /// tells their watchers; their look drops it there.)
+    fn drop_departed(&self, s: &mut St, h: u8, k: usize, declared: &[usize]) {
         for j in 0..KEYS {
             let headed = s.queue[j].first() == Some(&h);
-            s.queue[j].retain(|&x| x != h);
+            let written = !self.cfg.cluster || j == k || declared.contains(&j);
+            if written {
+                s.queue[j].retain(|&x| x != h);
+            }
+            let waiters_behind = s.queue[j].iter().any(|&x| x != h);
             if j != k
                 && headed
                 && s.holder[j].is_none()
-                && !s.queue[j].is_empty()
+                && s.reserved[j].is_none()
+                && waiters_behind
                 && self.cfg.drop_serves
             {
                 s.lapsed[j] = true;
@@ -372,13 +443,19 @@ impl Sets {
         }
     }
 
-    /// Serves each of `keys`, in order: the rule's grant, in one script.
+    /// Serves each of `keys`, in order: the rule's grant, in one script (that named
+    /// `keys`).
     fn serve(&self, s: &mut St, keys: &[usize]) {
+        self.serve_declared(s, keys, keys);
+    }
+
+    /// `serve`, by a call that named `declared`.
+    fn serve_declared(&self, s: &mut St, keys: &[usize], declared: &[usize]) {
         let mut todo: Vec<usize> = keys.to_vec();
         match self.cfg.rule {
             Rule::AllAtOnce => {
                 for &k in keys {
-                    self.serve_key(s, k);
+                    self.serve_key(s, k, declared);
                 }
             }
             Rule::EachInTurn => {
@@ -407,9 +484,12 @@ impl Sets {
     /// holds (a poller's is its own to find).
     fn grantable(&self, s: &St, w: u8) -> bool {
         // (a key whose lease just ended waits for its watcher's look: that is the lease's cost)
+        // (nor a set whose key is reserved for it: its claim is the cost, as a short grant's
+        // confirmation is)
         if s.ph[w as usize] != Ph::Waiting
             || self.polls(w)
             || self.keys(w).iter().any(|&k| s.lapsed[k])
+            || s.reserved.contains(&Some(w))
         {
             return false;
         }
@@ -417,7 +497,7 @@ impl Sets {
             Rule::AllAtOnce => self
                 .keys(w)
                 .iter()
-                .all(|&k| s.holder[k].is_none() && s.queue[k].first() == Some(&w)),
+                .all(|&k| Self::free(s, k, w) && s.queue[k].first() == Some(&w)),
             Rule::EachInTurn => {
                 (0..KEYS).any(|k| s.holder[k].is_none() && s.queue[k].first() == Some(&w))
             }
@@ -445,12 +525,14 @@ impl Model for Sets {
         vec![St {
             ph: vec![Ph::Idle; n],
             holder: [None; KEYS],
+            reserved: [None; KEYS],
             queue: Default::default(),
             seq: vec![0; n],
             next_seq: 1,
             deaths_left: self.cfg.deaths,
             leaves_left: self.cfg.leaves,
             refreshes_left: self.cfg.refreshes,
+            lapses_left: self.cfg.lapses,
             unfair: false,
             lapsed: [false; KEYS],
             refresh_granted: false,
@@ -458,6 +540,7 @@ impl Model for Sets {
             refresh_missed: false,
             poll_passed: false,
             poll_served: false,
+            claimed: false,
         }]
     }
 
@@ -500,6 +583,16 @@ impl Model for Sets {
             } else if s.lapsed[k] {
                 out.push(Act::Look(k as u8));
             }
+            if let Some(h) = s.reserved[k] {
+                if s.ph[h as usize] != Ph::Waiting || s.lapses_left > 0 {
+                    out.push(Act::Lapse(k as u8));
+                }
+            }
+        }
+        for (w, p) in s.ph.iter().enumerate() {
+            if *p == Ph::Waiting && s.reserved.contains(&Some(w as u8)) {
+                out.push(Act::Claim(w as u8));
+            }
         }
     }
 
@@ -516,27 +609,7 @@ impl Model for Sets {
                     return Some(n);
                 }
                 match self.cfg.rule {
-                    Rule::AllAtOnce => {
-                        // (set_acquire.lua: each free key's queue served first; then every key
-                        // taken when each is free with an empty queue, else queued in each)
-                        for &k in &keys {
-                            if n.holder[k].is_none() && !n.queue[k].is_empty() {
-                                self.serve_key(&mut n, k);
-                            }
-                        }
-                        if keys
-                            .iter()
-                            .all(|&k| n.holder[k].is_none() && n.queue[k].is_empty())
-                        {
-                            for &k in &keys {
-                                self.take(&mut n, w, k);
-                            }
-                        } else {
-                            for &k in &keys {
-                                n.queue[k].push(w);
-                            }
-                        }
-                    }
+                    Rule::AllAtOnce => self.attempt(&mut n, w),
                     Rule::EachInTurn => {
                         n.queue[keys[0]].push(w);
                         self.serve(&mut n, &keys[..1]);
@@ -573,17 +646,88 @@ impl Model for Sets {
                     n.holder[k] = None;
                 }
                 for k in 0..KEYS {
+                    // (its reservations are given back with what it holds)
+                    if n.reserved[k] == Some(w) {
+                        n.reserved[k] = None;
+                        keys.push(k);
+                    }
                     if n.queue[k].contains(&w) {
                         // (set_leave.lua serves a free key whose queue it headed; the others
                         // only lose it)
                         let headed = n.queue[k].first() == Some(&w);
                         n.queue[k].retain(|&x| x != w);
-                        if headed || self.cfg.rule != Rule::AllAtOnce {
+                        if (headed || self.cfg.rule != Rule::AllAtOnce) && !keys.contains(&k) {
                             keys.push(k);
                         }
                     }
                 }
-                self.serve(&mut n, &keys);
+                let declared = self.keys(w).to_vec();
+                self.serve_declared(&mut n, &keys, &declared);
+            }
+            Act::Claim(w) => {
+                // (set_acquire.lua, which names every key of the set: its free keys' queues
+                // served, then every key taken, or its reservations given back)
+                let keys = self.keys(w).to_vec();
+                for &k in &keys {
+                    if n.holder[k].is_none() && n.reserved[k].is_none() && !n.queue[k].is_empty() {
+                        self.serve_key(&mut n, k, &keys);
+                    }
+                }
+                if n.ph[w as usize] == Ph::Waiting
+                    && keys.iter().all(|&k| {
+                        Self::free(&n, k, w) && n.queue[k].first().is_none_or(|&h| h == w)
+                    })
+                {
+                    for &k in &keys {
+                        self.take(&mut n, w, k);
+                    }
+                    n.claimed = true;
+                } else {
+                    // (each given back and served: its head may be another set, or a waiter
+                    // queued since, which can be granted now)
+                    for k in 0..KEYS {
+                        if n.reserved[k] == Some(w) {
+                            n.reserved[k] = None;
+                            if self.cfg.claim_serves {
+                                self.serve_key(&mut n, k, &keys);
+                            }
+                        }
+                    }
+                }
+            }
+            Act::Lapse(k) => {
+                let k = k as usize;
+                let Some(h) = n.reserved[k].take() else {
+                    return None;
+                };
+                if n.ph[h as usize] != Ph::Waiting {
+                    // (dead: the look drops it)
+                    n.lapsed[k] = !n.queue[k].is_empty();
+                } else {
+                    // (its process is marked lapsed on `k`: the next call on `k` drops it from
+                    // every queue, serving the free keys it headed, and tells it; it queues
+                    // again at the back of each)
+                    let keys = self.keys(h).to_vec();
+                    let headed: Vec<usize> = keys
+                        .iter()
+                        .copied()
+                        .filter(|&j| n.queue[j].first() == Some(&h))
+                        .collect();
+                    // (Out of every queue it lost its place: it waits again as a new waiter,
+                    // FIFO from there, as a frozen one-key waiter's process does: told, it
+                    // makes its first call again.)
+                    for q in n.queue.iter_mut() {
+                        q.retain(|&x| x != h);
+                    }
+                    n.seq[h as usize] = n.next_seq;
+                    n.next_seq += 1;
+                    for &j in &headed {
+                        self.serve_key(&mut n, j, &keys);
+                    }
+                    self.attempt(&mut n, h);
+                    n.lapsed[k] = false;
+                    n.lapses_left -= 1;
+                }
             }
             Act::Refresh(w) if self.cfg.rule == Rule::AllAtOnce => {
                 // (extend.lua on each key: departed waiters at the head of its queue leave every
@@ -595,7 +739,7 @@ impl Model for Sets {
                         if n.ph[h as usize] != Ph::Dead {
                             break;
                         }
-                        self.drop_departed(&mut n, h, k);
+                        self.drop_departed(&mut n, h, k, &keys);
                         n.refresh_dropped = true;
                     }
                 }
@@ -657,10 +801,19 @@ impl Model for Sets {
             }),
             Property::<Self>::eventually(
                 "(S4) nothing left behind: every waiter ended, every key free, every queue empty",
-                |_, s| {
+                |m, s| {
+                    // (On a Cluster a departed waiter may stay in the queue of a key a call did
+                    // not declare, with nobody behind it to look: it goes with the queue's
+                    // retention, as a one-key waiter's process that dies in a queue nobody calls
+                    // on again.)
+                    let gone = |q: &Vec<u8>| {
+                        q.is_empty()
+                            || (m.cfg.cluster && q.iter().all(|&w| s.ph[w as usize] == Ph::Dead))
+                    };
                     Sets::ended(s)
                         && s.holder.iter().all(|h| h.is_none())
-                        && s.queue.iter().all(|q| q.is_empty())
+                        && s.reserved.iter().all(|r| r.is_none())
+                        && s.queue.iter().all(gone)
                 },
             ),
             Property::<Self>::always(
@@ -702,6 +855,10 @@ impl Model for Sets {
             Property::<Self>::sometimes(
                 "canary: a polling attempt serves a free key's queue",
                 |_, s| s.poll_served,
+            ),
+            Property::<Self>::sometimes(
+                "canary: a set takes its keys by its own claim of a reservation",
+                |_, s| s.claimed,
             ),
         ]
     }

@@ -115,6 +115,51 @@ fn all_at_once_six_sets_two_deaths_two_leaves() {
     );
 }
 
+/// On a Cluster a call writes no key it did not declare: a set whose keys the serving call did
+/// not all name has the served key reserved, and takes its keys by its own claim, or the
+/// reservation lapses (the set, if alive, queues again at the back). Every property holds.
+#[test]
+fn all_at_once_on_a_cluster_reserves_and_claims() {
+    for (name, cfg, min_unique) in [
+        (
+            "sets on a cluster, all at once, 1 death + 1 leave",
+            Cfg {
+                cluster: true,
+                ..Cfg::default()
+            },
+            10_000,
+        ),
+        (
+            "sets on a cluster, all at once, five sets of 1-3 keys, 1 death + 1 leave",
+            Cfg {
+                cluster: true,
+                sets: vec![vec![0, 1, 2], vec![1], vec![2, 0], vec![0], vec![1, 2]],
+                ..Cfg::default()
+            },
+            100_000,
+        ),
+    ] {
+        let c = explore(name, cfg, min_unique);
+        for p in [S1, S2, S3, S4, S5, S6] {
+            assert!(c.discovery(p).is_none(), "{name}: {p}");
+        }
+        for canary in [
+            "canary: every set granted and released",
+            "canary: a set takes its keys by its own claim of a reservation",
+        ] {
+            assert!(c.discovery(canary).is_some(), "{name}: {canary}");
+        }
+    }
+    // A set that gives its reservations back without serving those keys (its head may be
+    // another set, queued while it lapsed and queued again) leaves it waiting on free keys.
+    let naive = Cfg {
+        cluster: true,
+        claim_serves: false,
+        ..Cfg::default()
+    };
+    assert!(shortest_with(naive, S5) > 0);
+}
+
 /// The shortest counterexample to `property` under `rule` (no faults: the naive rules fail
 /// on their own), printed; its length.
 fn shortest(rule: Rule, property: &'static str) -> usize {

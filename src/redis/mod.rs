@@ -125,12 +125,18 @@ pub(crate) struct Engine {
     pub(crate) refresher: Arc<crate::hold::refresh::Refreshing>,
     /// The connection that tracks observed elections (`Election::observe`), once one is.
     pub(crate) tracker: tokio::sync::OnceCell<Arc<crate::election::Tracker>>,
+    /// The client is a Cluster's: the lock scripts are told (a set's other keys are then
+    /// written only by a call that declares them: a slot can migrate; see `lua/lock.lua`).
+    pub(crate) clustered: bool,
     scripts: Scripts,
 }
 
 impl Engine {
     pub(crate) fn new(backend: Backend, s: Settings) -> Engine {
+        use fred::interfaces::ClientLike;
+        let clustered = backend.next_client().is_clustered();
         Engine {
+            clustered,
             backend,
             prefix: s.prefix,
             command_timeout: s.command_timeout,

@@ -373,8 +373,11 @@ impl Engine {
             flag.to_owned(),
             fence,
         ];
-        if let Kind::Permits { limit } = c.names.kind {
-            argv.push(limit.to_string());
+        match c.names.kind {
+            Kind::Permits { limit } => argv.push(limit.to_string()),
+            // (A lock's: whether the keys are a Cluster's, see `lua/lock.lua`, "Sets".)
+            Kind::Lock if self.clustered => argv.push("cluster".to_owned()),
+            Kind::Lock => {}
         }
         argv
     }

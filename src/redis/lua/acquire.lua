@@ -61,7 +61,7 @@ if not cur then
   if MEMBER == '' then return {HELD, px, 0, 1} end
   return L.enqueue(px)
 end
-if holder_of(cur) == TOKEN then
+if holder_of(cur) == TOKEN and state_of(cur) ~= RESERVED then
   local state = state_of(cur)
   if state == GRANTED then
     local L = slow()

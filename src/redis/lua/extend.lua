@@ -4,7 +4,8 @@
 -- extended; {3, fence} a short grant confirmed. The fence is the hold's, as Redis has it: a caller's copy (a grant
 -- message's, an attempt's) may be older.
 local cur = redis.call('GET', KEYS[1])
-if not cur or holder_of(cur) ~= TOKEN then return {NOT_HELD} end
+-- (A key reserved for a set is nobody's yet: its set takes it by set_acquire.lua.)
+if not cur or holder_of(cur) ~= TOKEN or state_of(cur) == RESERVED then return {NOT_HELD} end
 local state = state_of(cur)
 if state == GRANTED then
   local L = slow()

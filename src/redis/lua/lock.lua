@@ -9,7 +9,10 @@
 --       that reaches a process whose waiter has gone gives back only an unclaimed grant),
 --   'g' handed by a short grant (PX = the claim window, or half the TTL within it) that its new
 --       holder has not confirmed yet: its process had not been seen lately, so its waiter
---       confirms (extends) it before using it.
+--       confirms (extends) it before using it,
+--   'r' reserved for a set (PX = the claim window; on a Cluster only, see "Sets" below): not
+--       held by anyone; the set takes it with its other keys by its own call, or the
+--       reservation lapses as a short grant does (the fence names the set's process).
 -- Fence value (KEYS[2]): "<fence>", "<fence> q" (waiters may be queued) or "<fence> q <pid>"
 --   (the last grant was a short grant to process <pid> and is not confirmed yet). It lives the
 --   lease set by the call that wrote it plus the retention; a vanished one is started again
@@ -25,11 +28,19 @@
 --   lock free, with the set at the head of its queue ("blocked": later waiters wait behind
 --   it), and the call that frees its last key grants it. A set's other keys are in the same
 --   Cluster slot (or on a single server), so a call on one key reads and writes them (names
---   it builds, as it builds the channels): a read that a slot migration refuses ends the call
---   with TRYAGAIN before it writes any of them. A set found departed leaves every queue it is
---   in (`gone_set`).
+--   it builds, as it builds the channels). On a Cluster (ARGV[10] 'cluster') a slot can be
+--   migrating, and a key not yet moved reads as absent on the importing node: there a call
+--   only reads the keys it did not declare (hints), and writes none of them. A set whose keys
+--   the call did not all declare is then not granted: the served key is reserved for it ('r')
+--   and it is told to look now; its own call (set_acquire.lua, which declares every key, so
+--   Redis refuses it with TRYAGAIN while the slot is split) takes every key. A set found
+--   departed leaves every queue it is in (`gone_set`; on a Cluster only the declared ones, and
+--   the other free keys it headed get a look).
 
-local TAKEN, QUEUED, HANDED, GRANTED = 'p', 'q', 'h', 'g'
+local TAKEN, QUEUED, HANDED, GRANTED, RESERVED = 'p', 'q', 'h', 'g', 'r'
+
+-- The keys are in a Redis Cluster (whose slots can migrate: see "Sets" above).
+local ON_CLUSTER = ARGV[10] == 'cluster'
 
 -- A lock's processes hash keeps '!e', the queue's expiry hint (see `keep` in queue.lua).
 EXPIRY_HINT = true
@@ -72,15 +83,22 @@ local function next_fence(queued, pid, px, fkey)
   return f, old
 end
 
--- A read of another key of a set (a name the call built): in a slot being migrated a key that
--- is not here cannot be read, and the call ends (TRYAGAIN: the caller sends it again) before
--- it writes any of the set's keys.
+-- A read of another key of a set (a name the call built), as a hint: nil and true when Redis
+-- refused it (in a slot being migrated, a key not on this node).
 local function other(...)
   local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    return error({err = 'TRYAGAIN waitlock: a key of a set is not on this node yet (' .. r.err .. ')'})
-  end
+  if type(r) == 'table' and r.err then return nil, true end
   return r
+end
+
+-- Whether this call declared lock `l` in its KEYS (lock, fence, queue, processes per key).
+local declared_locks
+local function declared(l)
+  if not declared_locks then
+    declared_locks = {}
+    for j = 1, #KEYS, 4 do declared_locks[KEYS[j]] = true end
+  end
+  return declared_locks[l] == true
 end
 
 -- The lock's slow paths on key `lock` (its fence `fkey`, queue `q`, processes `pkey`), on that
@@ -154,11 +172,36 @@ local function slow_fns(lock, fkey, q, pkey)
   local function set_ready(m)
     for _, l in ipairs(m.set) do
       if l ~= lock then
-        if other('GET', l) then return false end
-        if other('ZRANGE', l .. ':q', 0, 0)[1] ~= m.member then return false end
+        local cur, failed = other('GET', l)
+        if cur or failed then return false end
+        local head = other('ZRANGE', l .. ':q', 0, 0)
+        if not head or head[1] ~= m.member then return false end
       end
     end
     return true
+  end
+
+  -- Whether set `m` can be granted by this call: on a single server always; on a Cluster only
+  -- when the call declared every one of its keys (see "Sets").
+  local function grantable_here(m)
+    if not ON_CLUSTER then return true end
+    for _, l in ipairs(m.set) do
+      if not declared(l) then return false end
+    end
+    return true
+  end
+
+  -- Reserves this key for set `m` (ready, as far as this call can read: Cluster only): state
+  -- 'r' for the claim window, the fence naming its process as pending (a reservation it does
+  -- not take lapses as a short grant does), the watchers told when it ends, and the set told to
+  -- look now ('w3 0': its own call takes every key). It stays at the head of the queue.
+  local function reserve(m)
+    redis.call('SET', lock, RESERVED .. m.token, 'PX', CLAIM)
+    fence_flags(true, m.pid, nil, CLAIM)
+    Q.watch(m.pid, CLAIM, nil, nil, nil, true, m.pid)
+    Q.keep(CLAIM)
+    Q.publish(m.p.how, m.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. m.token)
+    return CLAIM
   end
 
   -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
@@ -189,15 +232,36 @@ local function slow_fns(lock, fkey, q, pkey)
     return px
   end
 
+  -- On a Cluster, where a call writes no key it did not declare: when departed set `m` heads
+  -- the queue of `l` (another of its keys, free, as far as this call can read), `l`'s watchers
+  -- are told to look now ('w3 0'; sharded pub/sub, as every Cluster's): their look drops it
+  -- there. Nothing is written.
+  local function look_now(l, m)
+    local head = other('ZRANGE', l .. ':q', 0, 0)
+    if not head or head[1] ~= m.member then return end
+    local cur, failed = other('GET', l)
+    if cur or failed then return end
+    local fields = other('HMGET', l .. ':p', '!w1', '!w2')
+    for _, v in ipairs(fields or {}) do
+      local w = v and string.match(v, '^%d+ (.*)$')
+      local p = w and parse_member(w, l)
+      if p then
+        redis.pcall('SPUBLISH', p.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. p.token)
+      end
+    end
+  end
+
   -- A departed set `m`, dropped from this key's queue by a walk, leaves its other keys'
   -- queues too; where it was the head of a free key's queue, that key's watchers are told to
   -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
   -- watchers are kept fit (it may have been one of them).
   local function gone_set(m)
     for _, l in ipairs(m.set) do
-      if l ~= lock then
+      if l ~= lock and ON_CLUSTER and not declared(l) then
+        look_now(l, m)
+      elseif l ~= lock then
         local lq = l .. ':q'
-        local head = other('ZRANGE', lq, 0, 0)[1]
+        local head = (other('ZRANGE', lq, 0, 0) or {})[1]
         if redis.call('ZREM', lq, m.member) == 1 then
           local cur = redis.call('GET', l)
           local O = slow_at(l)
@@ -220,13 +284,15 @@ local function slow_fns(lock, fkey, q, pkey)
   -- (state 'g'): its waiter confirms before it uses the lock, and if it does not, the grant
   -- lapses. The waiters behind are told to watch the new holder's lease (see `watch`), and the
   -- queue lives that lease and the retention. A set is granted all of its keys when it is
-  -- ready (`set_ready`), else it stays at the head and the lock stays free ('blocked'); the
-  -- caller's own set member (a set's attempt) stays too ('self'). Returns 'self' (the oldest
+  -- ready (`set_ready`), else it stays at the head and the lock stays free ('blocked'); on a
+  -- Cluster a ready set whose keys this call did not all declare has this key reserved instead
+  -- (`reserve`, 'granted' with the claim window); the caller's own set member (a set's
+  -- attempt) stays too ('self'). Returns 'self' (the oldest
   -- live waiter is `self`: a one-key waiter's member is removed, nothing written), 'granted'
   -- and the PX, 'blocked', 'empty', or 'more' (SCAN departed waiters dropped, more to look
   -- at: call again).
   local function serve(self)
-    local chosen, blocked = nil, false
+    local chosen, blocked, reserved = nil, false, false
     -- (The watchers' processes are learnt with the heads': `ahead`.)
     Q.ahead(true)
     local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
@@ -237,6 +303,10 @@ local function slow_fns(lock, fkey, q, pkey)
         end
         if not set_ready(m) then
           blocked = true
+          return 'stop'
+        end
+        if not grantable_here(m) then
+          chosen, reserved = m, true
           return 'stop'
         end
       end
@@ -250,6 +320,7 @@ local function slow_fns(lock, fkey, q, pkey)
     end
     if blocked then return 'blocked' end
     if chosen.own then return 'self' end
+    if reserved then return 'granted', reserve(chosen) end
     if chosen.set then return 'granted', grant_set(chosen, behind) end
     local pid, token, p = chosen.pid, chosen.token, chosen.p
     local full = p.is == 'fresh'

@@ -30,10 +30,18 @@ local function L(j) return slow_at(locks[j]) end
 local cur = redis.call('MGET', unpack(locks))
 
 -- Holds of this token: the set's grant (found by its own call: its message was lost, or
--- crossed this call), or the call sent again.
+-- crossed this call), or the call sent again. (A key reserved for the set, on a Cluster, is
+-- not held: it is free for the set alone, `reserved_for_me`.)
+local function reserved_for_me(j)
+  return cur[j] ~= nil and cur[j] ~= false and state_of(cur[j]) == RESERVED
+    and holder_of(cur[j]) == TOKEN
+end
+local function held_by_me(j)
+  return cur[j] and holder_of(cur[j]) == TOKEN and not reserved_for_me(j)
+end
 local mine = 0
 for j = 1, n do
-  if cur[j] and holder_of(cur[j]) == TOKEN then mine = mine + 1 end
+  if held_by_me(j) then mine = mine + 1 end
 end
 if mine == n then
   local fences, short, pttl = {}, false, nil
@@ -64,7 +72,7 @@ if mine > 0 then
   -- Some keys only (one deleted by hand, say): given back, as a departing waiter would, and
   -- the set tried again as a whole.
   for j = 1, n do
-    if cur[j] and holder_of(cur[j]) == TOKEN then
+    if held_by_me(j) then
       if L(j).release_held(state_of(cur[j])) == CONTINUE then return {CONTINUE, j} end
     end
   end
@@ -77,7 +85,7 @@ local fv = redis.call('MGET', unpack(fkeys))
 local served = false
 for j = 1, n do
   local _, queued, pending = fence_parse(fv[j])
-  if not cur[j] and queued then
+  if not cur[j] and queued and not reserved_for_me(j) then
     served = true
     local K = L(j)
     if pending and pending ~= PID then K.lapse(pending) end
@@ -99,7 +107,7 @@ if served then cur = redis.call('MGET', unpack(locks)) end
 local blocked = nil
 local heads = {}
 for j = 1, n do
-  if cur[j] then
+  if cur[j] and not reserved_for_me(j) then
     blocked = blocked or j
   else
     heads[j] = redis.call('ZRANGE', KEYS[4 * j - 1], 0, 0)[1]
@@ -110,8 +118,10 @@ end
 if not blocked then
   -- Every key: a lock or fence key of another type would be overwritten by a SET.
   local absent = {}
-  for j = 1, n do absent[j] = locks[j] end
-  if redis.call('EXISTS', unpack(absent)) > 0 then
+  for j = 1, n do
+    if not reserved_for_me(j) then absent[#absent + 1] = locks[j] end
+  end
+  if #absent > 0 and redis.call('EXISTS', unpack(absent)) > 0 then
     return redis.error_reply('WRONGTYPE a key of the set holds another kind of value')
   end
   local fences = {}
@@ -144,6 +154,18 @@ if not blocked then
     end
   end
   return {ACQUIRED, tonumber(TTL), unpack(fences)}
+end
+
+-- Keys reserved for the set that it cannot take with the others (one of them held again, or
+-- another waiter ahead of it, e.g. after it queued again): given back and served (their head
+-- may be another waiter that can have them now; if it is this set, they stay free for it).
+for j = 1, n do
+  if reserved_for_me(j) then
+    local K = L(j)
+    K.fence_flags(true, nil)
+    if K.release_held(QUEUED) == CONTINUE then return {CONTINUE, j} end
+    cur[j] = redis.call('GET', locks[j])
+  end
 end
 
 local function pttl_of(j)

@@ -1,5 +1,5 @@
 -- Status (reads only): {state, pttl, fence, queued}; state 0 free, 1 held, 2 held by a short
--- grant its waiter has not confirmed yet. With FLAG 'w' (the operators' view) the reply goes
+-- grant its waiter has not confirmed yet (or reserved for a set that has not taken it yet). With FLAG 'w' (the operators' view) the reply goes
 -- on: Redis' time (µs), the holder's token ('' when free), then the first FENCE members of the
 -- queue (at most 100) each followed by its score (when it queued, µs).
 local cur = redis.call('GET', KEYS[1])
@@ -8,7 +8,7 @@ local n = redis.call('ZCARD', KEYS[3])
 local s, pttl = 0, -2
 if cur then
   s = 1
-  if state_of(cur) == GRANTED then s = 2 end
+  if state_of(cur) == GRANTED or state_of(cur) == RESERVED then s = 2 end
   pttl = redis.call('PTTL', KEYS[1])
 end
 if FLAG ~= 'w' then return {s, pttl, f, n} end
