@@ -512,47 +512,27 @@ impl<S: Strategy> Locker<S> {
         'set: loop {
             let lost = CancellationToken::new();
             let mut guards: Vec<LockGuard> = Vec::with_capacity(keys.len());
-            // Waiting, the first key, and each key found held, is waited for; the keys after
-            // it are tried all at once (a free set of 1,000 keys costs about one round trip's
-            // time, not 1,000), keeping the run of them taken from the first.
+            // Waiting, the first key's run (its keys of one hash slot), and each run with a key
+            // found held, is waited for as a whole, holding nothing of it; the runs after it are
+            // tried all at once (a free set of 1,000 keys costs about one round trip's time,
+            // not 1,000), keeping those taken from the first.
             let mut must_wait = wait;
             // The last burst's failure when it was a connection error or a timeout: what the
-            // call ends with if the deadline passes before the key is waited for.
+            // call ends with if the deadline passes before the run is waited for.
             let mut transient: Option<Error> = None;
-            // The key a burst found held when the keys before it in its call were not taken
-            // (a call takes all of its keys or none): they are tried, up to it, before it is
-            // waited for.
-            let mut upto: Option<usize> = None;
             while guards.len() < keys.len() && !lost.is_cancelled() {
-                let key = &keys[guards.len()];
+                let from = guards.len();
                 if !must_wait {
-                    let cut = upto.take();
-                    let end = cut.unwrap_or(keys.len()).min(guards.len() + BURST);
-                    let burst = &keys[guards.len()..end];
+                    let end = keys.len().min(from + BURST);
+                    let burst = &keys[from..end];
                     attempts = attempts.saturating_add(burst.len() as u32);
                     let (taken, failed) = self.attempt_all(burst, opts, &lost).await;
                     guards.extend(taken);
                     match failed {
-                        // Up to the held key: it is next.
-                        None => match cut {
-                            Some(c) if end < c => upto = Some(c),
-                            Some(_) => must_wait = true,
-                            None => {}
-                        },
+                        None => {}
                         Some(e) if wait => {
-                            let from = guards.len();
-                            let held = match &e {
-                                Error::Locked { key, .. } => keys[from..end]
-                                    .iter()
-                                    .position(|k| k == key)
-                                    .map(|p| from + p),
-                                _ => None,
-                            };
                             transient = e.is_transient().then_some(e);
-                            match held {
-                                Some(h) if h > from => upto = Some(h),
-                                _ => must_wait = true,
-                            }
+                            must_wait = true;
                         }
                         Some(e) => {
                             release_all(guards, false).await;
@@ -561,11 +541,12 @@ impl<S: Strategy> Locker<S> {
                     }
                     continue;
                 }
+                let run = &keys[from..self.run_end(keys, from)];
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     release_all(guards, false).await;
                     return Err(transient.unwrap_or_else(|| Error::WaitTimeout {
-                        key: key.clone(),
+                        key: run[0].clone(),
                         waited: start.elapsed(),
                         attempts,
                     }));
@@ -574,14 +555,15 @@ impl<S: Strategy> Locker<S> {
                 let taken = tokio::select! {
                     biased;
                     _ = lost.cancelled() => break,
-                    taken = self.acquire_wait(key, &opts) => taken,
+                    taken = self.wait_run(run, &opts) => taken,
                 };
                 match taken {
-                    Ok(mut guard) => {
-                        guard.keep_alive_with(lost.clone());
-                        guards.push(guard);
+                    Ok(run_guards) => {
+                        for mut guard in run_guards {
+                            guard.share_loss(&lost);
+                            guards.push(guard);
+                        }
                         must_wait = false;
-                        attempts = attempts.saturating_add(1);
                     }
                     Err(e) => {
                         release_all(guards, false).await;
@@ -686,6 +668,44 @@ impl<S: Strategy> Locker<S> {
         }
         release_all(extra, false).await;
         (kept, failed)
+    }
+
+    /// The end (exclusive) of the run of `keys` from `from` that share its hash slot (every key
+    /// on a single server): what the in-order path waits for as a whole.
+    fn run_end(&self, keys: &[String], from: usize) -> usize {
+        if !self.engine.clustered {
+            return keys.len();
+        }
+        let slot = self.slot(&keys[from]);
+        keys[from..]
+            .iter()
+            .position(|k| self.slot(k) != slot)
+            .map_or(keys.len(), |p| from + p)
+    }
+
+    /// Waits for `run` (keys of one node) as a whole, holding nothing of it while it waits: a
+    /// queued locker's wait at once for up to `QUEUED_SET_MAX` keys, else a polling wait at
+    /// once (holding nothing between attempts). So a waiter of the in-order path holds only
+    /// keys of earlier slots while it waits: none that a set of this slot waiting at once
+    /// could need (docs/design.md, "In order").
+    async fn wait_run(&self, run: &[String], opts: &LockOptions) -> Result<Vec<LockGuard>> {
+        let start = Instant::now();
+        let pid = self.strategy.process_id();
+        let taken = match self.strategy.hub() {
+            Some(hub) if run.len() <= QUEUED_SET_MAX => {
+                let reqs = set::queued_requests(&self.engine, run, opts, pid)?;
+                notify::wait(&self.engine, hub, &set::SetRequest::new(reqs)).await
+            }
+            _ => {
+                let mut reqs = set::requests(&self.engine, run, opts, pid)?;
+                set::poll(&self.engine, &mut reqs, pid).await
+            }
+        };
+        let waited = Some(start.elapsed());
+        for key in run {
+            self.engine.meter.record(key, &taken, waited);
+        }
+        taken
     }
 
     /// The hash slot of `key`'s lock (0 for a key the names refuse: `set_order` checked them).

@@ -988,3 +988,35 @@ async fn queued_sets_of_one_slot_are_granted_at_once() {
         }
     }
 }
+
+/// In order (keys in two slots, with the opt-in), the first slot's run is held while the next
+/// run is waited for; with refresh off, the first run's TTL elapsing meanwhile ends the call
+/// with `Expired` naming its key (taking the set again would go round until the deadline).
+/// The run waited for holds nothing of it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_order_with_refresh_off_a_wait_longer_than_the_first_runs_ttl_ends_expired() {
+    let cluster = RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let locker = common::queued_locker(&url).await;
+    let other = polling(&url).await;
+    // Two keys of two slots, in the one order (by the lock's slot).
+    let mut keys: Vec<String> = ["ro-a", "ro-b"].iter().map(|k| k.to_string()).collect();
+    keys.sort_by_key(|k| waitlock::fred::util::redis_keyslot(common::lock_key(k).as_bytes()));
+    let blocker = other
+        .acquire(&keys[1], &LockOptions::new())
+        .await
+        .expect("hold the second key");
+    let opts = common::tight()
+        .with_ordered_sets()
+        .without_refresh()
+        .with_ttl(Duration::from_millis(300))
+        .with_wait(Duration::from_secs(60));
+    match locker.acquire_many_wait(&keys, &opts).await {
+        Err(waitlock::Error::Expired { key, .. }) => assert_eq!(key, keys[0]),
+        other => panic!("expected Expired on {}, got {other:?}", keys[0]),
+    }
+    locker.idle().await;
+    let status = locker.status(&keys[0]).await.expect("status");
+    assert!(!status.held && status.queued == 0, "{status:?}");
+    blocker.release().await.expect("release");
+}

@@ -697,9 +697,7 @@ impl Model for Sets {
             }
             Act::Lapse(k) => {
                 let k = k as usize;
-                let Some(h) = n.reserved[k].take() else {
-                    return None;
-                };
+                let h = n.reserved[k].take()?;
                 if n.ph[h as usize] != Ph::Waiting {
                     // (dead: the look drops it)
                     n.lapsed[k] = !n.queue[k].is_empty();
