@@ -136,6 +136,15 @@ pub struct Cfg {
     /// A claim that cannot take every key serves each key it gives back (as built; false:
     /// only frees them, which (S5) breaks).
     pub claim_serves: bool,
+    /// Each key's hash slot (`Rule::AllAtOnce`; default: one slot for all).
+    pub slots: [u8; KEYS],
+    /// Waiters (by index; missing: false) that take their set **in order** (`Rule::AllAtOnce`
+    /// beside them: keys in several slots, `with_ordered_sets`): each run of keys of one slot,
+    /// in slot order, waited for as a set at once, the runs before it held meanwhile.
+    pub in_order: Vec<bool>,
+    /// Mutation: an in-order waiter waits for one key at a time, holding the keys of its slot
+    /// before it (the path as first built; (S3) breaks beside a set waiting at once).
+    pub by_key: bool,
 }
 
 impl Default for Cfg {
@@ -153,6 +162,9 @@ impl Default for Cfg {
             cluster: false,
             lapses: 1,
             claim_serves: true,
+            slots: [0; KEYS],
+            in_order: Vec::new(),
+            by_key: false,
         }
     }
 }
@@ -230,6 +242,8 @@ pub enum Act {
     /// A set told its key is reserved for it takes its keys by its own call (or gives the
     /// reservations back: it cannot take them all).
     Claim(u8),
+    /// A waiter taking its set in order, a run held, waits for its next run (`Cfg::in_order`).
+    Next(u8),
     /// A reservation of this key ends before its set took it (its process was slow, frozen or
     /// dead): a live set is dropped from the key's queue, told, and queues again at the back
     /// of all of its queues; a look at the key is due.
@@ -264,6 +278,34 @@ impl Sets {
     /// Whether `w` takes its set at once by polling (`Cfg::polling`).
     fn polls(&self, w: u8) -> bool {
         self.cfg.polling.get(w as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether `w` takes its set in order, run by run (`Cfg::in_order`).
+    fn ordered(&self, w: u8) -> bool {
+        self.cfg.in_order.get(w as usize).copied().unwrap_or(false)
+    }
+
+    /// The keys `w` waits for now (`Rule::AllAtOnce`): its whole set, or, in order, its first
+    /// run (keys of one slot, by slot then key; with `by_key`, one key) not held yet.
+    fn run(&self, s: &St, w: u8) -> Vec<usize> {
+        if !self.ordered(w) {
+            return self.keys(w).to_vec();
+        }
+        let mut keys = self.keys(w).to_vec();
+        keys.sort_by_key(|&k| (self.cfg.slots[k], k));
+        let Some(first) = keys.iter().position(|&k| s.holder[k] != Some(w)) else {
+            return Vec::new();
+        };
+        let slot = self.cfg.slots[keys[first]];
+        let mut run: Vec<usize> = keys[first..]
+            .iter()
+            .copied()
+            .take_while(|&k| self.cfg.slots[k] == slot)
+            .collect();
+        if self.cfg.by_key {
+            run.truncate(1);
+        }
+        run
     }
 
     /// A polling set's attempt (`take_set.lua`, then, on a free key with a queue, the release
@@ -321,10 +363,13 @@ impl Sets {
             s.ph[w as usize] = Ph::Holding;
             // (FIFO is among queued sets: a polling set has no place in any queue, and is
             // held to (S7) instead)
+            // (and among sets waiting at once: one taken in order is FIFO per run)
             let older_waits = !self.polls(w)
+                && !self.ordered(w)
                 && (0..s.ph.len() as u8).any(|v| {
                     s.ph[v as usize] == Ph::Waiting
                         && !self.polls(v)
+                        && !self.ordered(v)
                         && s.seq[v as usize] < s.seq[w as usize]
                         && self.overlap(v, w)
                 });
@@ -363,7 +408,7 @@ impl Sets {
     /// key's queue served first; then every key taken when each is free with an empty queue,
     /// else it queues in each, at the back.
     fn attempt(&self, n: &mut St, w: u8) {
-        let keys = self.keys(w).to_vec();
+        let keys = self.run(n, w);
         for &k in &keys {
             if n.holder[k].is_none() && !n.queue[k].is_empty() {
                 self.serve_key(n, k, &keys);
@@ -394,16 +439,16 @@ impl Sets {
                 self.drop_departed(s, h, k, declared);
                 continue;
             }
-            let ready = self
-                .keys(h)
+            let run = self.run(s, h);
+            let ready = run
                 .iter()
                 .all(|&j| Self::free(s, j, h) && s.queue[j].first() == Some(&h));
             if ready {
-                if self.cfg.cluster && !self.keys(h).iter().all(|j| declared.contains(j)) {
+                if self.cfg.cluster && !run.iter().all(|j| declared.contains(j)) {
                     s.reserved[k] = Some(h);
                     return;
                 }
-                for &j in self.cfg.sets[h as usize].clone().iter() {
+                for &j in &run {
                     self.take(s, h, j);
                 }
             }
@@ -494,10 +539,13 @@ impl Sets {
             return false;
         }
         match self.cfg.rule {
-            Rule::AllAtOnce => self
-                .keys(w)
-                .iter()
-                .all(|&k| Self::free(s, k, w) && s.queue[k].first() == Some(&w)),
+            Rule::AllAtOnce => {
+                let run = self.run(s, w);
+                !run.is_empty()
+                    && run
+                        .iter()
+                        .all(|&k| Self::free(s, k, w) && s.queue[k].first() == Some(&w))
+            }
             Rule::EachInTurn => {
                 (0..KEYS).any(|k| s.holder[k].is_none() && s.queue[k].first() == Some(&w))
             }
@@ -590,8 +638,18 @@ impl Model for Sets {
             }
         }
         for (w, p) in s.ph.iter().enumerate() {
-            if *p == Ph::Waiting && s.reserved.contains(&Some(w as u8)) {
-                out.push(Act::Claim(w as u8));
+            let w = w as u8;
+            if *p != Ph::Waiting {
+                continue;
+            }
+            if s.reserved.contains(&Some(w)) {
+                out.push(Act::Claim(w));
+            }
+            let between_runs = self.ordered(w)
+                && s.holder.contains(&Some(w))
+                && !s.queue.iter().any(|q| q.contains(&w));
+            if between_runs {
+                out.push(Act::Next(w));
             }
         }
     }
@@ -664,10 +722,11 @@ impl Model for Sets {
                 let declared = self.keys(w).to_vec();
                 self.serve_declared(&mut n, &keys, &declared);
             }
+            Act::Next(w) => self.attempt(&mut n, w),
             Act::Claim(w) => {
                 // (set_acquire.lua, which names every key of the set: its free keys' queues
                 // served, then every key taken, or its reservations given back)
-                let keys = self.keys(w).to_vec();
+                let keys = self.run(&n, w);
                 for &k in &keys {
                     if n.holder[k].is_none() && n.reserved[k].is_none() && !n.queue[k].is_empty() {
                         self.serve_key(&mut n, k, &keys);
