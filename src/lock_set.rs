@@ -17,14 +17,16 @@
 //! - **Ordered acquisition** (keys in several slots, or a queued locker's wait for more than
 //!   64 keys; only when the caller opts in with [`LockOptions::with_ordered_sets`]): the keys,
 //!   made a set (duplicates merged), are sorted by hash slot and then by key, and taken in that
-//!   order with the single-key lock, each kept alive from the moment it is taken, under one
-//!   deadline. Waiting, a key is waited for only when it was found held; the keys after it
-//!   are tried all at once (in bursts of [`BURST`]), keeping the run taken from the first and
-//!   releasing those after the first held one. Every caller sorts the same way, so a waiter
-//!   only ever waits for a key greater than every key it holds: no cycle of waiters, no
-//!   deadlock, and no rollback-and-retry livelock (it never gives back a key to let another
-//!   set through). What it does not give: a waiter holds the keys before the one it waits
-//!   for, and FIFO holds per key, not per set.
+//!   order a run (the keys of one slot) at a time, each kept alive from the moment it is
+//!   taken, under one deadline. Waiting, a run is waited for as a whole (queued at once, or by
+//!   polling at once) only when a key of it was found held; the runs after it are tried all at
+//!   once (in bursts of [`BURST`] keys), keeping those taken from the first and releasing
+//!   those after the first that failed. Every caller sorts the same way, so a waiter only ever
+//!   waits for a run of a slot greater than every key it holds, and holds nothing of that
+//!   slot: no cycle of waiters, also beside sets waiting at once, and no rollback-and-retry
+//!   livelock (it never gives back a key to let another set through). What it does not give:
+//!   a waiter holds the earlier slots' keys while it waits, and FIFO holds per slot, not per
+//!   set.
 //!
 //! Anything that ends a call early (its deadline, an error, a dropped future) releases every
 //! key taken and leaves every queue. The keys share one loss token: any key lost cancels it.
@@ -264,9 +266,9 @@ impl<S: Strategy> Locker<S> {
     ///   of [`acquire_wait`](Self::acquire_wait), holding nothing between attempts (and in no
     ///   order: a polling waiter has no queue). No opt-in needed.
     /// - Otherwise (keys in several slots, or a queued locker's wait for more than 64 keys) in
-    ///   order, which needs [`LockOptions::with_ordered_sets`]: each key is waited for as
-    ///   [`acquire_wait`](Self::acquire_wait) waits (with a queued locker, in that key's FIFO
-    ///   queue), holding the keys before it. If a key already taken is lost
+    ///   order, which needs [`LockOptions::with_ordered_sets`]: the keys of each slot are
+    ///   waited for together as above (at once in every key's queue, or by polling at once),
+    ///   holding the keys of the slots before them. If a key already taken is lost
     /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
     /// released and the set is taken again from the first, within the same deadline; with
     /// refresh off ([`Refresh::Off`]: the first keys' TTL elapsing while a later one is waited

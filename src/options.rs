@@ -188,11 +188,12 @@ impl LockOptions {
     }
 
     /// Lets [`Locker::acquire_many`](crate::Locker::acquire_many), `acquire_many_wait` and
-    /// `run_many` take a set of keys **in order**: one key after another, sorted by hash slot
-    /// and then by key, each held (and refreshed) while the next is waited for, under one
-    /// shared deadline. Every caller sorts the same way, so two sets that overlap cannot
-    /// deadlock; but a waiter holds the keys before the one it waits for, and FIFO holds per
-    /// key only (a set may be passed by a later one that does not need the key it waits for).
+    /// `run_many` take a set of keys **in order**: sorted by hash slot and then by key, the
+    /// keys of one slot after those of the slot before, each slot's held (and refreshed) while
+    /// the next slot's are waited for together, under one shared deadline. Every caller sorts
+    /// the same way, so two sets that overlap cannot deadlock; but a waiter holds the keys of
+    /// earlier slots while it waits, and FIFO holds per slot only (a set may be passed by a
+    /// later one that does not need the slot it waits for).
     /// See `docs/design.md`, "Several keys at once". Needed only where a set cannot be taken
     /// at once: keys in several Cluster slots, and a queued locker's wait for more than 64
     /// keys. Keys on one node are taken at once whether it is set or not: by one attempt
