@@ -291,8 +291,8 @@ pub struct RunArgs {
     /// every --also key, taken as a set, so runs that give the same keys in other orders never
     /// deadlock. Keys on one node (one server, or one hash tag: {acct}:a, {acct}:b; up to 64):
     /// waited for at once, holding nothing, in the order runs started waiting; otherwise in
-    /// one fixed order (by hash slot then key), each key taken held while the next is waited
-    /// for. Plain locks only (not with -s, -x, --limit).
+    /// one fixed order (by hash slot then key), each slot's keys together, those of earlier
+    /// slots held while the next are waited for. Plain locks only (not with -s, -x, --limit).
     #[arg(long, value_name = "KEY", conflicts_with = "permits")]
     pub also: Vec<String>,
 
