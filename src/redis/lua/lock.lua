@@ -83,31 +83,28 @@ local function next_fence(queued, pid, px, fkey)
   return f, old
 end
 
--- A read of another key of a set (a name the call built), as a hint: nil and true when Redis
--- refused it (in a slot being migrated, a key not on this node).
-local function other(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then return nil, true end
-  return r
-end
-
--- Whether this call declared lock `l` in its KEYS (lock, fence, queue, processes per key).
+-- The lock names this call declared (see `declared`), once it asked.
 local declared_locks
-local function declared(l)
-  if not declared_locks then
-    declared_locks = {}
-    for j = 1, #KEYS, 4 do declared_locks[KEYS[j]] = true end
-  end
-  return declared_locks[l] == true
-end
 
--- The lock's slow paths on key `lock` (its fence `fkey`, queue `q`, processes `pkey`), on that
--- key's queue layer (whose functions they also give), built only when a call needs them;
--- `slow()` is the call's own key's, built once.
-local slow_at
-local function slow_fns(lock, fkey, q, pkey)
-  local Q = queue_at(lock, q, pkey)
-  local fns
+-- The lock's slow paths on one key: the call's own (`slow()`: KEYS[1], its fence KEYS[2],
+-- queue KEYS[3], processes KEYS[4]), or another key of a set (`slow(lock)`: names built from
+-- the lock's), on that key's queue layer (whose functions they also give), built once per key
+-- per call, only when a call needs them; what sets need of them (and the rarer paths) only
+-- when a call meets them (`rares`: closures cost every call that builds them).
+local slow_cache
+local function slow(l)
+  slow_cache = slow_cache or {}
+  local cached = slow_cache[l or KEYS[1]]
+  if cached then return cached end
+  local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  if l then lock, fkey, q, pkey = l, l .. ':fence', l .. ':q', l .. ':p' end
+  local Q = queue(lock, q, pkey)
+  local fns, rare_fns
+
+  local function short(ttl)
+    if ttl > CLAIM then return CLAIM end
+    return math.max(1, math.floor(ttl / 2))
+  end
 
   -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
   -- set) says it must last that lease plus the retention. A missing counter is started at
@@ -133,20 +130,12 @@ local function slow_fns(lock, fkey, q, pkey)
     return f
   end
 
-  -- The short lease of a grant to a process not seen lately: always shorter than its
-  -- waiter's TTL `ttl`, so that its waiter always confirms it (a TTL within the claim window
-  -- gets half of it): one left unconfirmed would keep naming its process as pending, which a
-  -- later lapse would mark 'x'.
-  local function short(ttl)
-    if ttl > CLAIM then return CLAIM end
-    return math.max(1, math.floor(ttl / 2))
-  end
-
   -- This key is handed to `token` of process `pid` in `state` ('h' full, 'g' short) for `px`
   -- ms, with waiters left in its queue or not (`more`): the next fence (naming `pid` as
   -- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
-  -- holder's), the queue's life. `tell`: publishes the one-key grant message before the
-  -- watchers' (a set's one message goes after all its keys). `was_free`: the key was free
+  -- holder's), the queue's life. `tell`: how `pid` listens, to publish the one-key grant
+  -- message before the watchers' (nil: a set's one message goes after all its keys, by its
+  -- caller). `was_free`: the key was free
   -- (a set's other key), so a short grant its fence names as pending lapsed unconfirmed: its
   -- process is frozen or gone, as an attempt on the free lock would find. Returns the fence.
   local function hand(state, token, pid, px, more, tell, was_free)
@@ -158,7 +147,7 @@ local function slow_fns(lock, fkey, q, pkey)
       if lapsed and lapsed ~= pid then Q.lapse(lapsed) end
     end
     redis.call('SET', lock, state .. token, 'PX', px)
-    if tell then tell(f) end
+    if tell then Q.grant(tell, pid, f, px, token) end
     -- ('!h' = pid, with the watchers.)
     Q.watch(pid, px, nil, nil, nil, true, pid)
     -- (The hash may be new here: it gets an expiry either way.)
@@ -166,117 +155,184 @@ local function slow_fns(lock, fkey, q, pkey)
     return f
   end
 
-  -- Whether set member `m` (the head of this key's queue, live) can be granted now: each of
-  -- its other keys is free and has `m` at the head of its queue. (Only the head is read there:
-  -- a departed waiter ahead of it is found by a call on that key.)
-  local function set_ready(m)
-    for _, l in ipairs(m.set) do
-      if l ~= lock then
-        local cur, failed = other('GET', l)
-        if cur or failed then return false end
-        local head = other('ZRANGE', l .. ':q', 0, 0)
-        if not head or head[1] ~= m.member then return false end
+  -- The rarer paths: sets (several keys waited for at once), a confirmation, a key left free
+  -- for a set, a refresh's look at its queue's head. (The walk drops a departed set from its
+  -- other queues through `rares().gone`: `Q.sets`.)
+  local function rares()
+    if rare_fns then return rare_fns end
+
+    -- A read of another key of a set (a name the call built), as a hint: nil and true when
+    -- Redis refused it (in a slot being migrated, a key not on this node).
+    local function other(...)
+      local r = redis.pcall(...)
+      if type(r) == 'table' and r.err then return nil, true end
+      return r
+    end
+
+    -- Whether this call declared lock `l` in its KEYS (lock, fence, queue, processes per key).
+    local function declared(l)
+      if not declared_locks then
+        declared_locks = {}
+        for j = 1, #KEYS, 4 do declared_locks[KEYS[j]] = true end
+      end
+      return declared_locks[l] == true
+    end
+
+    -- Whether set member `m` (the head of this key's queue, live) can be granted now: each of
+    -- its other keys is free and has `m` at the head of its queue. (Only the head is read there:
+    -- a departed waiter ahead of it is found by a call on that key.)
+    local function set_ready(m)
+      for _, l in ipairs(m.set) do
+        if l ~= lock then
+          local cur, failed = other('GET', l)
+          if cur or failed then return false end
+          local head = other('ZRANGE', l .. ':q', 0, 0)
+          if not head or head[1] ~= m.member then return false end
+        end
+      end
+      return true
+    end
+
+    -- Whether set `m` can be granted by this call: on a single server always; on a Cluster only
+    -- when the call declared every one of its keys (see "Sets").
+    local function grantable_here(m)
+      if not ON_CLUSTER then return true end
+      for _, l in ipairs(m.set) do
+        if not declared(l) then return false end
+      end
+      return true
+    end
+
+    -- Reserves this key for set `m` (ready, as far as this call can read: Cluster only): state
+    -- 'r' for the claim window, the fence naming its process as pending (a reservation it does
+    -- not take lapses as a short grant does), the watchers told when it ends, and the set told to
+    -- look now ('w3 0': its own call takes every key). It stays at the head of the queue.
+    local function reserve(m)
+      redis.call('SET', lock, RESERVED .. m.token, 'PX', CLAIM)
+      fence_flags(true, m.pid, nil, CLAIM)
+      Q.watch(m.pid, CLAIM, nil, nil, nil, true, m.pid)
+      Q.keep(CLAIM)
+      Q.publish(m.p.how, m.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. m.token)
+      return CLAIM
+    end
+
+    -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
+    -- already, `behind` says whether waiters are left in it) in one step, each as `hand` does,
+    -- and tells its process in one message ('m4', on its channel). Returns the PX.
+    local function grant_set(m, behind)
+      local full = m.p.is == 'fresh'
+      local px = m.ttl
+      if not full then px = short(px) end
+      local state = full and HANDED or GRANTED
+      local fences = {}
+      for j, l in ipairs(m.set) do
+        local more
+        local L = fns
+        if l == lock then
+          more = behind
+          if more == nil then more = redis.call('ZCARD', q) > 0 end
+        else
+          local lq = l .. ':q'
+          redis.call('ZREM', lq, m.member)
+          more = redis.call('ZCARD', lq) > 0
+          L = slow(l)
+        end
+        fences[j] = string.format('%.0f', L.hand(state, m.token, m.pid, px, more, nil, l ~= lock))
+      end
+      Q.publish(m.p.how, m.chan, 'm4 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' ..
+        table.concat(fences, ',') .. ' ' .. m.member)
+      return px
+    end
+
+    -- On a Cluster, where a call writes no key it did not declare: when departed set `m` heads
+    -- the queue of `l` (another of its keys, free, as far as this call can read), `l`'s watchers
+    -- are told to look now ('w3 0'; sharded pub/sub, as every Cluster's): their look drops it
+    -- there. Nothing is written.
+    local function look_now(l, m)
+      local head = other('ZRANGE', l .. ':q', 0, 0)
+      if not head or head[1] ~= m.member then return end
+      local cur, failed = other('GET', l)
+      if cur or failed then return end
+      local fields = other('HMGET', l .. ':p', '!w1', '!w2')
+      for _, v in ipairs(fields or {}) do
+        local w = v and string.match(v, '^%d+ (.*)$')
+        local p = w and Q.parse(w)
+        if p then
+          local chan = p.chan or (l .. ':w:' .. p.pid)
+          redis.pcall('SPUBLISH', chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. p.token)
+        end
       end
     end
-    return true
-  end
 
-  -- Whether set `m` can be granted by this call: on a single server always; on a Cluster only
-  -- when the call declared every one of its keys (see "Sets").
-  local function grantable_here(m)
-    if not ON_CLUSTER then return true end
-    for _, l in ipairs(m.set) do
-      if not declared(l) then return false end
-    end
-    return true
-  end
-
-  -- Reserves this key for set `m` (ready, as far as this call can read: Cluster only): state
-  -- 'r' for the claim window, the fence naming its process as pending (a reservation it does
-  -- not take lapses as a short grant does), the watchers told when it ends, and the set told to
-  -- look now ('w3 0': its own call takes every key). It stays at the head of the queue.
-  local function reserve(m)
-    redis.call('SET', lock, RESERVED .. m.token, 'PX', CLAIM)
-    fence_flags(true, m.pid, nil, CLAIM)
-    Q.watch(m.pid, CLAIM, nil, nil, nil, true, m.pid)
-    Q.keep(CLAIM)
-    Q.publish(m.p.how, m.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. m.token)
-    return CLAIM
-  end
-
-  -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
-  -- already, `behind` says whether waiters are left in it) in one step, each as `hand` does,
-  -- and tells its process in one message ('m4', on its channel). Returns the PX.
-  local function grant_set(m, behind)
-    local full = m.p.is == 'fresh'
-    local px = m.ttl
-    if not full then px = short(px) end
-    local state = full and HANDED or GRANTED
-    local fences = {}
-    for j, l in ipairs(m.set) do
-      local more
-      local L = fns
-      if l == lock then
-        more = behind
-        if more == nil then more = redis.call('ZCARD', q) > 0 end
-      else
-        local lq = l .. ':q'
-        redis.call('ZREM', lq, m.member)
-        more = redis.call('ZCARD', lq) > 0
-        L = slow_at(l)
-      end
-      fences[j] = string.format('%.0f', L.hand(state, m.token, m.pid, px, more, nil, l ~= lock))
-    end
-    Q.publish(m.p.how, m.chan, 'm4 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' ..
-      table.concat(fences, ',') .. ' ' .. m.member)
-    return px
-  end
-
-  -- On a Cluster, where a call writes no key it did not declare: when departed set `m` heads
-  -- the queue of `l` (another of its keys, free, as far as this call can read), `l`'s watchers
-  -- are told to look now ('w3 0'; sharded pub/sub, as every Cluster's): their look drops it
-  -- there. Nothing is written.
-  local function look_now(l, m)
-    local head = other('ZRANGE', l .. ':q', 0, 0)
-    if not head or head[1] ~= m.member then return end
-    local cur, failed = other('GET', l)
-    if cur or failed then return end
-    local fields = other('HMGET', l .. ':p', '!w1', '!w2')
-    for _, v in ipairs(fields or {}) do
-      local w = v and string.match(v, '^%d+ (.*)$')
-      local p = w and parse_member(w, l)
-      if p then
-        redis.pcall('SPUBLISH', p.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. p.token)
-      end
-    end
-  end
-
-  -- A departed set `m`, dropped from this key's queue by a walk, leaves its other keys'
-  -- queues too; where it was the head of a free key's queue, that key's watchers are told to
-  -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
-  -- watchers are kept fit (it may have been one of them).
-  local function gone_set(m)
-    for _, l in ipairs(m.set) do
-      if l ~= lock and ON_CLUSTER and not declared(l) then
-        look_now(l, m)
-      elseif l ~= lock then
-        local lq = l .. ':q'
-        local head = (other('ZRANGE', lq, 0, 0) or {})[1]
-        if redis.call('ZREM', lq, m.member) == 1 then
-          local cur = redis.call('GET', l)
-          local O = slow_at(l)
-          if cur then
-            O.watch(O.holder_pid(), math.max(redis.call('PTTL', l), 0))
-          elseif head == m.member then
-            O.watch('', 0)
-          else
-            O.watch('', NO_LEASE)
+    -- A departed set `m`, dropped from this key's queue by a walk, leaves its other keys'
+    -- queues too; where it was the head of a free key's queue, that key's watchers are told to
+    -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
+    -- watchers are kept fit (it may have been one of them).
+    local function gone_set(m)
+      for _, l in ipairs(m.set) do
+        if l ~= lock and ON_CLUSTER and not declared(l) then
+          look_now(l, m)
+        elseif l ~= lock then
+          local lq = l .. ':q'
+          local head = (other('ZRANGE', lq, 0, 0) or {})[1]
+          if redis.call('ZREM', lq, m.member) == 1 then
+            local cur = redis.call('GET', l)
+            local O = slow(l)
+            if cur then
+              O.watch(O.holder_pid(), math.max(redis.call('PTTL', l), 0))
+            elseif head == m.member then
+              O.watch('', 0)
+            else
+              O.watch('', NO_LEASE)
+            end
           end
         end
       end
     end
+
+    -- The lock is free while a set at the head of its queue waits for its other keys: the fence
+    -- keeps saying waiters may be queued, there is no holder, and the watchers have no lease to
+    -- look at (NO_LEASE: the set's grant tells them the next one).
+    local function leave_blocked()
+      redis.call('DEL', lock)
+      fence_flags(true, nil)
+      Q.watch('', NO_LEASE, nil, nil, nil, true, '')
+      Q.keep(NO_LEASE)
+    end
+    -- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
+    -- the watchers (who skip the caller's process) are told when the lease now ends. Returns
+    -- the fence (of the hold: fences change only when a lock changes hands).
+    local function confirm_grant()
+      redis.call('SET', lock, QUEUED .. TOKEN, 'PX', TTL)
+      local old = redis.call('GET', fkey)
+      local _, queued = fence_parse(old)
+      -- (The record is written with the watchers, and `keep` comes after them: it uses their
+      -- read of '!e'.)
+      Q.seen(PID, true)
+      Q.watch(PID, tonumber(TTL), true, nil, nil, queued)
+      if queued then Q.keep(tonumber(TTL)) end
+      return fence_flags(queued, nil, old or false, tonumber(TTL))
+    end
+    -- A refresh of a held lock with waiters: departed waiters at the head of the queue are
+    -- dropped, as a walk drops them (a set from every one of its queues: `gone_set`; a lapsed
+    -- process that still listens told), 8 at most, so that a departed set heading one of its
+    -- free keys' queues holds the waiters there back a refresh interval at most. The first live
+    -- head ends it. (A head at a time: most refreshes find a live one.)
+    local function drop_departed_set()
+      local saved = budget
+      for _ = 1, 8 do
+        budget = 1
+        local stopped, _, out = Q.walk('', nil, function() return 'stop' end)
+        if stopped or out == 0 then break end
+      end
+      budget = saved
+    end
+    rare_fns = {ready = set_ready, here = grantable_here, reserve = reserve, grant = grant_set,
+      gone = gone_set, leave_blocked = leave_blocked, confirm_grant = confirm_grant,
+      drop_departed_set = drop_departed_set}
+    return rare_fns
   end
-  Q.gone_set = gone_set
+  Q.sets = rares
 
   -- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
   -- others (`walk`). A fresh process gets the waiter's full TTL (state 'h'): its waiter holds
@@ -301,11 +357,12 @@ local function slow_fns(lock, fkey, q, pkey)
           chosen = m
           return 'stop'
         end
-        if not set_ready(m) then
+        local S = rares()
+        if not S.ready(m) then
           blocked = true
           return 'stop'
         end
-        if not grantable_here(m) then
+        if not S.here(m) then
           chosen, reserved = m, true
           return 'stop'
         end
@@ -320,8 +377,8 @@ local function slow_fns(lock, fkey, q, pkey)
     end
     if blocked then return 'blocked' end
     if chosen.own then return 'self' end
-    if reserved then return 'granted', reserve(chosen) end
-    if chosen.set then return 'granted', grant_set(chosen, behind) end
+    if reserved then return 'granted', rares().reserve(chosen) end
+    if chosen.set then return 'granted', rares().grant(chosen, behind) end
     local pid, token, p = chosen.pid, chosen.token, chosen.p
     local full = p.is == 'fresh'
     local px = chosen.ttl
@@ -329,20 +386,8 @@ local function slow_fns(lock, fkey, q, pkey)
     -- (Every member before the chosen one left: the queue is what is behind it.)
     local more = behind
     if more == nil then more = redis.call('ZCARD', q) > 0 end
-    hand(full and HANDED or GRANTED, token, pid, px, more, function(f)
-      Q.grant(p.how, pid, f, px, token)
-    end)
+    hand(full and HANDED or GRANTED, token, pid, px, more, p.how)
     return 'granted', px
-  end
-
-  -- The lock is free while a set at the head of its queue waits for its other keys: the fence
-  -- keeps saying waiters may be queued, there is no holder, and the watchers have no lease to
-  -- look at (NO_LEASE: the set's grant tells them the next one).
-  local function leave_blocked()
-    redis.call('DEL', lock)
-    fence_flags(true, nil)
-    Q.watch('', NO_LEASE, nil, nil, nil, true, '')
-    Q.keep(NO_LEASE)
   end
 
   -- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
@@ -354,7 +399,7 @@ local function slow_fns(lock, fkey, q, pkey)
       local r = serve('')
       if r == 'granted' then return HANDED_OVER end
       if r == 'blocked' then
-        leave_blocked()
+        rares().leave_blocked()
         return DONE
       end
       if r == 'more' then
@@ -369,21 +414,6 @@ local function slow_fns(lock, fkey, q, pkey)
     end
     redis.call('DEL', lock)
     return DONE
-  end
-
-  -- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
-  -- the watchers (who skip the caller's process) are told when the lease now ends. Returns
-  -- the fence (of the hold: fences change only when a lock changes hands).
-  local function confirm_grant()
-    redis.call('SET', lock, QUEUED .. TOKEN, 'PX', TTL)
-    local old = redis.call('GET', fkey)
-    local _, queued = fence_parse(old)
-    -- (The record is written with the watchers, and `keep` comes after them: it uses their
-    -- read of '!e'.)
-    Q.seen(PID, true)
-    Q.watch(PID, tonumber(TTL), true, nil, nil, queued)
-    if queued then Q.keep(tonumber(TTL)) end
-    return fence_flags(queued, nil, old or false, tonumber(TTL))
   end
 
   -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
@@ -413,41 +443,15 @@ local function slow_fns(lock, fkey, q, pkey)
     return redis.call('HGET', pkey, '!h') or ''
   end
 
-  -- A refresh of a held lock with waiters: departed waiters at the head of the queue are
-  -- dropped, as a walk drops them (a set from every one of its queues: `gone_set`; a lapsed
-  -- process that still listens told), 8 at most, so that a departed set heading one of its
-  -- free keys' queues holds the waiters there back a refresh interval at most. The first live
-  -- head ends it. (A head at a time: most refreshes find a live one.)
-  local function drop_departed_set()
-    local saved = budget
-    for _ = 1, 8 do
-      budget = 1
-      local stopped, _, out = Q.walk('', nil, function() return 'stop' end)
-      if stopped or out == 0 then break end
-    end
-    budget = saved
-  end
-
-  fns = setmetatable({serve = serve, release_held = release_held,
-    confirm_grant = confirm_grant, enqueue = enqueue, fence_flags = fence_flags,
-    held_by = held_by, holder_pid = holder_pid, hand = hand, leave_blocked = leave_blocked,
-    drop_departed_set = drop_departed_set, lock = lock, fkey = fkey, q = q, pkey = pkey},
-    {__index = Q})
+  fns = setmetatable({serve = serve, release_held = release_held, enqueue = enqueue,
+    fence_flags = fence_flags, held_by = held_by, holder_pid = holder_pid, hand = hand,
+    lock = lock, fkey = fkey, q = q, pkey = pkey},
+    {__index = function(_, name)
+      if name == 'confirm_grant' or name == 'leave_blocked' or name == 'drop_departed_set' then
+        return rares()[name]
+      end
+      return Q[name]
+    end})
+  slow_cache[lock] = fns
   return fns
-end
-
--- The slow paths of another key of a set (the same for the whole call).
-local others = {}
-slow_at = function(l)
-  if not others[l] then others[l] = slow_fns(l, l .. ':fence', l .. ':q', l .. ':p') end
-  return others[l]
-end
-
-local lock_fns
-local function slow()
-  if not lock_fns then
-    lock_fns = slow_fns(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-    others[KEYS[1]] = lock_fns
-  end
-  return lock_fns
 end

@@ -83,46 +83,49 @@ local SET_MAX = 64
 -- (it is served by that set's grant, and told again then).
 local NO_LEASE = 100000
 
--- A set's lock names from its member's tail ("<length>:<name>" each); nil if malformed.
-local function set_locks(text)
-  local locks, pos, n = {}, 1, #text
-  while pos <= n do
-    local len, at = string.match(text, '^(%d+):()', pos)
-    if not len then return nil end
-    local e = at + tonumber(len) - 1
-    if e > n or e < at then return nil end
-    locks[#locks + 1] = string.sub(text, at, e)
-    pos = e + 1
+-- The queue layer of one key: its functions over the key `key`, its queue `q` and its
+-- processes hash `pkey` (a set's calls build one per key), built only when a call needs them
+-- (Redis runs the whole script body on every call, and creating a dozen closures there costs
+-- the fast paths ~15%). `queue()`: the call's own key's (KEYS[1], KEYS[3], KEYS[4]), once.
+local queue_fns
+local function queue(key, q, pkey)
+  if not key then
+    if not queue_fns then queue_fns = queue(KEYS[1], KEYS[3], KEYS[4]) end
+    return queue_fns
   end
-  if #locks == 0 then return nil end
-  return locks
-end
+  local LAPSED = 'x'
 
--- A member's parts: {member, pid, ttl, token, chan (the grant channel its process listens on
--- for it), set (a set's lock names, nil for one key's waiter)}; nil if malformed. `key`: the
--- lock whose queue holds it (a one-key waiter's channel is that key's).
-local function parse_member(m, key)
-  local pid, ttl, star, rest = string.match(m, '^(%S+) (%d+)(%*?) (.*)$')
-  if not pid then return nil end
-  local p = {member = m, pid = pid, ttl = tonumber(ttl)}
-  if star == '' then
-    p.token, p.chan = rest, key .. ':w:' .. pid
+  -- A member's parts: {member, pid, ttl, token, set (a set's lock names, nil for one key's
+  -- waiter), chan (a set's grant channel, its first key's; a one-key waiter's is its key's,
+  -- `key .. ':w:' .. pid`, built where it is needed), who (what a walk knows it by: its pid, or
+  -- a set's channel)}; nil if malformed.
+  local function parse_member(m)
+    local pid, ttl, star, rest = string.match(m, '^(%S+) (%d+)(%*?) (.*)$')
+    if not pid then return nil end
+    local p = {member = m, pid = pid, ttl = tonumber(ttl), who = pid}
+    if star == '' then
+      p.token = rest
+      return p
+    end
+    local token, tail = string.match(rest, '^(%S+) (.+)$')
+    if not token then return nil end
+    -- Its locks: "<length>:<name>" each.
+    local set, pos, n = {}, 1, #tail
+    while pos <= n do
+      local len, at = string.match(tail, '^(%d+):()', pos)
+      if not len then return nil end
+      local e = at + tonumber(len) - 1
+      if e > n or e < at then return nil end
+      set[#set + 1] = string.sub(tail, at, e)
+      pos = e + 1
+    end
+    -- (No set has more keys than QUEUED_SET_MAX: one that does is no member of ours.)
+    if #set == 0 or #set > SET_MAX then return nil end
+    p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
+    p.who = p.chan
     return p
   end
-  local token, tail = string.match(rest, '^(%S+) (.+)$')
-  local set = token and set_locks(tail)
-  -- (No set has more keys than QUEUED_SET_MAX: one that does is no member of ours.)
-  if not set or #set > SET_MAX then return nil end
-  p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
-  return p
-end
 
--- The queue layer of one key: its functions over the key `key`, its queue `q` and its
--- processes hash `pkey` (a call on one key has one, `queue()`; a set's calls one per key), built
--- only when a call needs them (Redis runs the whole script body on every call, and creating a
--- dozen closures there costs the fast paths ~15%).
-local function queue_at(key, q, pkey)
-  local LAPSED = 'x'
 
   local function channel(pid) return key .. ':w:' .. pid end
 
@@ -155,11 +158,22 @@ local function queue_at(key, q, pkey)
   local function listener(pid) return listeners({channel(pid)})[1] end
 
   local function split_member(m)
-    local p = parse_member(m, key)
+    local p = parse_member(m)
     if p then return p.pid, p.ttl, p.token end
   end
 
-  local function parse(m) return parse_member(m, key) end
+  -- What a walk knows member `m` (a string) by, and its pid, without parsing all of it (no
+  -- table for a one-key waiter's): its pid, or a set's grant channel; nil if malformed.
+  local function ident(m)
+    local pid, star = string.match(m, '^(%S+) %d+(%*?) ')
+    if not pid then return nil end
+    if star == '' then return pid, pid end
+    local p = parse_member(m)
+    if p then return p.chan, pid end
+  end
+
+  -- The grant channel member `m` listens on for this key.
+  local function chan_of(m) return m.chan or channel(m.pid) end
 
   -- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
   -- microseconds, but never below the last member's (+1): after the clock steps back, a
@@ -370,20 +384,22 @@ local function queue_at(key, q, pkey)
       return k
     end
 
-    -- Learns what `known` says of each of `ms` (parsed members, nil ones skipped) not known
-    -- yet, in one read of their processes' records (none for those whose record `pre` has,
-    -- from `read_fields`) and one (or, for classic pub/sub, two) of their listeners, whatever
-    -- their number.
-    local function know(ms, pre)
-      local ask, asked, unread, wanted = {}, {}, {}, {}
+    -- Learns what `known` says of each of the members `ms` (strings; `n` of them, some may be
+    -- false) not known yet, in one read of their processes' records (none for those whose
+    -- record `pre` has, from `read_fields`) and one (or, for classic pub/sub, two) of their
+    -- listeners, whatever their number.
+    local function know(ms, n, pre)
+      local ask, pids, unread, asked, wanted = {}, {}, {}, {}, {}
       pre = pre or {}
-      for _, m in pairs(ms) do
-        if m and not known[m.chan] and not asked[m.chan] then
-          asked[m.chan] = true
-          ask[#ask + 1] = m
-          if pre[m.pid] == nil and not wanted[m.pid] then
-            wanted[m.pid] = true
-            unread[#unread + 1] = m.pid
+      for k = 1, n do
+        local who, pid = nil, nil
+        if ms[k] then who, pid = ident(ms[k]) end
+        if who and not known[who] and not asked[who] then
+          asked[who] = true
+          ask[#ask + 1], pids[#ask + 1] = who, pid
+          if pre[pid] == nil and not wanted[pid] then
+            wanted[pid] = true
+            unread[#unread + 1] = pid
           end
         end
       end
@@ -394,24 +410,27 @@ local function queue_at(key, q, pkey)
       end
       local recs = {}
       -- A lapsed process is gone whoever listens: only the others are asked about. (A due
-      -- record reads as written: see `seen`.)
+      -- record reads as written: see `seen`. A one-key waiter is known by its pid, a set by
+      -- its channel.)
       local live, of = {}, {}
-      for j, m in ipairs(ask) do
-        recs[j] = pre[m.pid] or nil
-        if m.pid == due then recs[j] = math.floor(now_us() / 1000) end
+      for j, who in ipairs(ask) do
+        local pid = pids[j]
+        recs[j] = pre[pid] or nil
+        if pid == due then recs[j] = math.floor(now_us() / 1000) end
         if recs[j] ~= LAPSED then
-          live[#live + 1] = m.chan
+          live[#live + 1] = (who == pid) and channel(pid) or who
           of[#live] = j
         end
       end
       local hows = {}
-      for n, how in pairs(listeners(live)) do hows[of[n]] = how end
-      for j, m in ipairs(ask) do known[m.chan] = judge(recs[j], hows[j]) end
+      for k, how in pairs(listeners(live)) do hows[of[k]] = how end
+      for j, who in ipairs(ask) do known[who] = judge(recs[j], hows[j]) end
     end
 
+    -- What `known` says of parsed member `m`'s listener.
     local function process(m)
-      if not known[m.chan] then know({m}) end
-      return known[m.chan]
+      if not known[m.who] then know({m.member}, 1) end
+      return known[m.who]
     end
 
     -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
@@ -422,11 +441,11 @@ local function queue_at(key, q, pkey)
 
     -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
     -- script. A member whose process is gone (nobody listens, or it lapsed) is dropped (a set's
-    -- from each of its queues, at once: `fns.gone_set`, the lock's; each of its other keys
+    -- from each of its queues, at once: `fns.sets().gone`, the lock's; each of its other keys
     -- counts as a member against the bound); a lapsed process that still listens
     -- is told ('d2') once, so its waiters do not sleep out of the queue. `visit(m)` sees every
     -- other member, the caller's own too (`m.own`: `self`, or any member of `own_token`), with
-    -- `m.pid`, `m.ttl`, `m.token`, `m.chan`, `m.set`, and `m.p` (`process(m)`, not for the
+    -- `m.pid`, `m.ttl`, `m.token`, `m.set` (and a set's `m.chan`), and `m.p` (`process(m)`, not for the
     -- caller's own) and answers 'take' (it leaves the queue and the walk goes on), 'last' (it
     -- leaves and the walk ends), 'stop' (it stays and the walk ends) or nil (it stays and the
     -- walk goes on). A malformed member is dropped. The members that leave go in one ZREM.
@@ -441,30 +460,29 @@ local function queue_at(key, q, pkey)
       -- most: `from` heads read so far, `heads` the last batch, `i` its members visited;
       -- `extra`: what the departed sets dropped from their other queues cost (a key each).
       local from, heads, i, size, full, extra = 0, {}, 0, 8, limit > 0, 0
-      local function spent() return from - (#heads - i) + extra end
       local function next_head()
-        if spent() >= limit then return nil end
+        -- (members visited, and what departed sets cost: `limit` at most)
+        local spent = from - (#heads - i) + extra
+        if spent >= limit then return nil end
         if i == #heads then
           if not full then return nil end
-          local n = math.min(size, limit - spent())
+          local n = math.min(size, limit - spent)
           heads = redis.call('ZRANGE', q, from, from + n - 1)
           full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
           if #heads == 0 then return nil end
-          local ms, pids, pre = {}, {}, nil
-          for k, head in ipairs(heads) do
-            ms[k] = parse(head) or false
-            if ms[k] then pids[#pids + 1] = ms[k].pid end
-          end
+          local ms, n, pre = heads, #heads, nil
           if ahead_on and not ahead_was then
             -- (The heads' records in the same HMGET: with few processes, the watchers' are among
             -- them, and `know` reads nothing more.)
+            local pids = {}
+            for k, head in ipairs(heads) do pids[k] = string.match(head, '^%S+') end
             ahead_was, pre = read_fields(pids)
-            for n = 1, 2 do
-              local m = watcher_of(ahead_was[n])
-              ms[#ms + 1] = m and parse(m) or false
-            end
+            -- (After the heads: the walk reads only those.)
+            ms = {unpack(heads)}
+            for k = 1, 2 do ms[n + k] = watcher_of(ahead_was[k]) or false end
+            n = n + 2
           end
-          know(ms, pre)
+          know(ms, n, pre)
         end
         i = i + 1
         return heads[i]
@@ -472,7 +490,7 @@ local function queue_at(key, q, pkey)
       while true do
         local head = next_head()
         if not head then break end
-        local m = parse(head)
+        local m = parse_member(head)
         local verdict
         if not m then
           verdict = 'take'
@@ -486,16 +504,17 @@ local function queue_at(key, q, pkey)
               -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
               -- know, or they sleep with nobody to wake them.
               m.p.told = true
-              local how = listeners({m.chan})[1]
-              if how then publish(how, m.chan, 'd2') end
+              local chan = chan_of(m)
+              local how = listeners({chan})[1]
+              if how then publish(how, chan, 'd2') end
             end
             if m.p.is == 'gone' then
               verdict = 'take'
               -- (At once: a live set behind it is then judged against its other queues as
               -- they are without it.)
-              if m.set and fns.gone_set then
+              if m.set and fns.sets then
                 extra = extra + #m.set - 1
-                fns.gone_set(m)
+                fns.sets().gone(m)
               end
             else
               verdict = visit(m)
@@ -509,11 +528,12 @@ local function queue_at(key, q, pkey)
         end
       end
       if #out > 0 then redis.call('ZREM', q, unpack(out)) end
-      if budget then budget = budget - spent() end
+      local spent = from - (#heads - i) + extra
+      if budget then budget = budget - spent end
       -- Members behind the last one visited: true, false, or nil (not read: maybe).
       local behind = i < #heads or nil
       if not behind and not full then behind = false end
-      return stopped, spent() >= limit, #out, behind
+      return stopped, spent >= limit, #out, behind
     end
 
     -- `ahead(true)`: the next walk reads the watchers' fields for the `watch` that follows (see
@@ -545,11 +565,11 @@ local function queue_at(key, q, pkey)
       local cur = {}
       for i = 1, 2 do
         local m, at = watcher_of(was[i])
-        local p = m and parse(m)
+        local p = m and parse_member(m)
         if p then cur[#cur + 1] = {m = m, at = at, p = p} end
       end
       if #cur > 0 then
-        know({cur[1].p, cur[2] and cur[2].p})
+        know({cur[1].m, cur[2] and cur[2].m}, 2)
         local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
         for j, c in ipairs(cur) do
           if score[j] then cands[#cands + 1] = c end
@@ -574,21 +594,16 @@ local function queue_at(key, q, pkey)
             end
             -- (Fewer than 4: the queue has no more.)
             if #tail < 4 then tail_read = 2 end
-            local tail_ms = {}
-            for k = #tail, 1, -1 do
-              local p = parse(tail[k])
-              if p then
-                cands[#cands + 1] = {m = tail[k], p = p}
-                tail_ms[#tail_ms + 1] = p
-              end
-            end
-            know(tail_ms)
+            -- (Parsed when looked at: most are not.)
+            for k = #tail, 1, -1 do cands[#cands + 1] = {m = tail[k]} end
+            know(tail, #tail)
             if j > #cands then return end
           end
           local c = cands[j]
           j = j + 1
-          local wpid = c.p.pid
-          if not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
+          if c.p == nil then c.p = parse_member(c.m) or false end
+          local wpid = c.p and c.p.pid
+          if wpid and not pids[wpid] and (allow_skip or not skips[wpid]) and wpid ~= except then
             local p = process(c.p)
             if p.is ~= 'gone' and (p.is == 'fresh' or not fresh_only) then
               pids[wpid] = true
@@ -620,7 +635,7 @@ local function queue_at(key, q, pkey)
         local c = chosen[i]
         if c then
           if not c.at or until_ms < c.at or (later and until_ms > c.at) then
-            publish(c.how, c.p.chan, 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.p.token)
+            publish(c.how, chan_of(c.p), 'w3 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. c.p.token)
             c.at = until_ms
           end
           put(i, WATCHERS[i], string.format('%.0f', c.at) .. ' ' .. c.m)
@@ -657,7 +672,7 @@ local function queue_at(key, q, pkey)
     use_hint(was)
     for i = 1, 2 do
       ms[i] = watcher_of(was[i])
-      pids[i] = ms[i] and split_member(ms[i])
+      pids[i] = ms[i] and string.match(ms[i], '^(%S+) ')
     end
     local function fits(i) return pids[3 - i] ~= PID end
     local mine = nil
@@ -716,12 +731,12 @@ local function queue_at(key, q, pkey)
   end
 
   fns = setmetatable({channel = channel, listener = listener, listeners = listeners,
-    split_member = split_member, parse = parse, add_member = add_member, retain = retain,
+    split_member = split_member, parse = parse_member, add_member = add_member, retain = retain,
     keep = keep, seen = seen, flush = flush, lapse = lapse, watching = watching,
     queued_reply = queued_reply},
     {__index = function(t, name)
-      -- (Only the walk group: `gone_set`, a hook the lock sets, may be absent.)
-      if name == 'gone_set' then return nil end
+      -- (Only the walk group: `sets`, a hook the lock sets, may be absent.)
+      if name == 'sets' then return nil end
       local more = walking()
       for k, f in pairs(more) do rawset(t, k, f) end
       return more[name]
@@ -729,9 +744,3 @@ local function queue_at(key, q, pkey)
   return fns
 end
 
--- The queue layer of the call's key (KEYS[1], its queue KEYS[3], its processes KEYS[4]).
-local queue_fns
-local function queue()
-  if not queue_fns then queue_fns = queue_at(KEYS[1], KEYS[3], KEYS[4]) end
-  return queue_fns
-end

@@ -26,7 +26,7 @@ budget = SCAN
 local n = #KEYS / 4
 local locks, fkeys = {}, {}
 for j = 1, n do locks[j], fkeys[j] = KEYS[4 * j - 3], KEYS[4 * j - 2] end
-local function L(j) return slow_at(locks[j]) end
+local function L(j) return slow(locks[j]) end
 local cur = redis.call('MGET', unpack(locks))
 
 -- Holds of this token: the set's grant (found by its own call: its message was lost, or

@@ -16,7 +16,7 @@ if MEMBER ~= '' then
     local l, q = KEYS[4 * j - 3], KEYS[4 * j - 1]
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if redis.call('ZREM', q, MEMBER) == 1 then
-      local K = slow_at(l)
+      local K = slow(l)
       local cur = redis.call('GET', l)
       if cur then
         K.watch(K.holder_pid(), math.max(redis.call('PTTL', l), 0))
@@ -55,7 +55,7 @@ end
 for _, j in ipairs(serve) do
   local l = KEYS[4 * j - 3]
   if not redis.call('GET', l) then
-    if slow_at(l).release_held(QUEUED) == CONTINUE then more = true end
+    if slow(l).release_held(QUEUED) == CONTINUE then more = true end
   end
 end
 if more then return {CONTINUE} end

@@ -26,7 +26,7 @@ for j = 1, n do
     -- The lease ran out before this release: waiters may be queued whose watchers are gone.
     local _, queued, pending = fence_parse(redis.call('GET', KEYS[4 * j - 2]))
     if queued then
-      if pending and pending ~= PID then slow_at(l).lapse(pending) end
+      if pending and pending ~= PID then slow(l).lapse(pending) end
       serve[#serve + 1] = j
     end
   end
@@ -36,7 +36,7 @@ for _, j in ipairs(serve) do
   local l = KEYS[4 * j - 3]
   -- (A set granted by an earlier key's serve may hold this one now: it is its.)
   if not redis.call('GET', l) then
-    local K = slow_at(l)
+    local K = slow(l)
     -- (The record is written with the key's next write of the hash.)
     K.seen(PID, true)
     local r = K.release_held(QUEUED)
