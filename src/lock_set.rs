@@ -41,7 +41,6 @@ use crate::redis::TAKE_SET_MAX;
 use crate::strategy::Strategy;
 use crate::wait::notify;
 use crate::wait::set::{self, QUEUED_SET_MAX};
-use fred::interfaces::ClientLike;
 use std::future::Future;
 use std::panic::resume_unwind;
 use std::sync::Arc;
@@ -398,8 +397,8 @@ impl<S: Strategy> Locker<S> {
         }
         order.sort_unstable();
         order.dedup();
-        let one_node = !self.engine.backend.next_client().is_clustered()
-            || order.first().map(|o| o.0) == order.last().map(|o| o.0);
+        let one_node =
+            !self.engine.clustered || order.first().map(|o| o.0) == order.last().map(|o| o.0);
         let queued_wait = wait && self.strategy.hub().is_some();
         let path = match (one_node, queued_wait) {
             (true, false) => Path::AtOnce,
@@ -612,20 +611,13 @@ impl<S: Strategy> Locker<S> {
         opts: &LockOptions,
         lost: &CancellationToken,
     ) -> (Vec<LockGuard>, Option<Error>) {
-        let clustered = self.engine.backend.next_client().is_clustered();
         // Runs of keys in one slot (the keys are sorted by slot), at most 256 each.
-        let slots: Vec<u16> = keys
-            .iter()
-            .map(|k| if clustered { self.slot(k) } else { 0 })
-            .collect();
         let mut groups: Vec<&[String]> = Vec::new();
-        let mut start = 0;
-        for i in 1..=keys.len() {
-            let split = i == keys.len() || i - start == TAKE_SET_MAX || slots[i] != slots[start];
-            if split {
-                groups.push(&keys[start..i]);
-                start = i;
-            }
+        let mut from = 0;
+        while from < keys.len() {
+            let end = self.run_end(keys, from);
+            groups.extend(keys[from..end].chunks(TAKE_SET_MAX));
+            from = end;
         }
         // A dropped call aborts the attempts, and each attempt's own cancel safety (or a
         // finished one's guards dropping) releases its keys.
@@ -673,7 +665,8 @@ impl<S: Strategy> Locker<S> {
     }
 
     /// The end (exclusive) of the run of `keys` from `from` that share its hash slot (every key
-    /// on a single server): what the in-order path waits for as a whole.
+    /// on a single server): what the in-order path waits for as a whole, and what its bursts
+    /// take in calls of one slot.
     fn run_end(&self, keys: &[String], from: usize) -> usize {
         if !self.engine.clustered {
             return keys.len();

@@ -425,23 +425,15 @@ impl SectionEnd {
 /// Cancel safe: a dropped call leaves every guard not yet released to its drop (a background
 /// release).
 pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
-    use fred::interfaces::ClientLike;
     let n = guards.len();
     let mut outcomes: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
-    let clustered = guards
-        .first()
-        .is_some_and(|g| g.engine.backend.next_client().is_clustered());
     // By (token, slot): a token's calls go through its one client, and a call's keys are in
     // one slot.
     let mut groups: std::collections::BTreeMap<(String, u16), Vec<(usize, LockGuard)>> =
         Default::default();
     for (i, mut guard) in guards.into_iter().enumerate() {
         guard.stop_task();
-        let slot = if clustered {
-            fred::util::redis_keyslot(guard.names.lock.as_bytes())
-        } else {
-            0
-        };
+        let slot = guard.engine.node_slot(&guard.names.lock);
         groups
             .entry((guard.token.clone(), slot))
             .or_default()

@@ -30,7 +30,6 @@ use crate::keys::{Kind, Names};
 use crate::options::Refresh;
 use crate::redis::scripts::{Batched, Call};
 use crate::redis::{Engine, Extended};
-use fred::interfaces::ClientLike;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -263,11 +262,7 @@ impl Refreshing {
             tracing::warn!(key = %held.names.key, "no tokio runtime: nothing refreshes the lock");
             return None;
         };
-        let slot = if engine.backend.next_client().is_clustered() {
-            fred::util::redis_keyslot(held.names.lock.as_bytes())
-        } else {
-            0
-        };
+        let slot = engine.node_slot(&held.names.lock);
         let group = (
             engine.backend.index_for(&held.token),
             slot,

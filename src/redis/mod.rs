@@ -126,7 +126,8 @@ pub(crate) struct Engine {
     /// The connection that tracks observed elections (`Election::observe`), once one is.
     pub(crate) tracker: tokio::sync::OnceCell<Arc<crate::election::Tracker>>,
     /// The client is a Cluster's: the lock scripts are told (a set's other keys are then
-    /// written only by a call that declares them: a slot can migrate; see `lua/lock.lua`).
+    /// written only by a call that declares them: a slot can migrate; see `lua/lock.lua`),
+    /// and calls are grouped by hash slot ([`Engine::node_slot`]).
     pub(crate) clustered: bool,
     scripts: Scripts,
 }
@@ -162,6 +163,16 @@ impl Engine {
 
     pub(crate) fn names(&self, key: &str) -> Result<Names> {
         Names::new(&self.prefix, key)
+    }
+
+    /// What one call's keys must share: the hash slot of `lock` on a Cluster, 0 on a single
+    /// server (one node serves every key).
+    pub(crate) fn node_slot(&self, lock: &str) -> u16 {
+        if self.clustered {
+            fred::util::redis_keyslot(lock.as_bytes())
+        } else {
+            0
+        }
     }
 }
 
