@@ -88,6 +88,15 @@ impl Names {
         format!("{}:p", self.lock)
     }
 
+    /// The user key behind lock name `lock` of a lock (`{<prefix><key>}`, as [`Names::new`]
+    /// makes it); `lock` itself when it is not one of `prefix`'s.
+    pub(crate) fn key_of_lock<'a>(prefix: &str, lock: &'a str) -> &'a str {
+        lock.strip_prefix('{')
+            .and_then(|l| l.strip_prefix(prefix))
+            .and_then(|l| l.strip_suffix('}'))
+            .unwrap_or(lock)
+    }
+
     /// The names behind a lock name (for a grant whose waiter is gone: the channel gives
     /// only the lock's Redis name, which then stands for the key in errors and logs).
     pub(crate) fn from_lock(lock: &str) -> Names {

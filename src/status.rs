@@ -1,5 +1,6 @@
 //! What `status` reports about one lock.
 
+use crate::keys::Names;
 use crate::redis::protocol;
 use crate::redis::scripts::RawStatus;
 use std::time::Duration;
@@ -129,13 +130,7 @@ pub(crate) fn waiters(
                 weight,
                 set: locks
                     .into_iter()
-                    .map(|l| {
-                        l.strip_prefix('{')
-                            .and_then(|l| l.strip_prefix(prefix))
-                            .and_then(|l| l.strip_suffix('}'))
-                            .unwrap_or(l)
-                            .to_owned()
-                    })
+                    .map(|l| Names::key_of_lock(prefix, l).to_owned())
                     .collect(),
             })
         })
