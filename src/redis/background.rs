@@ -116,9 +116,7 @@ impl Engine {
             }
         });
     }
-}
 
-impl Engine {
     /// A set's waiter leaves every queue of `set` (when `member` is not empty) and gives back
     /// what its token holds (`orphan`: only the unclaimed grant with those fences), in a
     /// background task: a set's wait that ended without the set, or a set's grant whose
@@ -134,7 +132,7 @@ impl Engine {
         let Some(key) = set.first().map(|n| n.key.clone()) else {
             return;
         };
-        self.spawn_cleanup(&set[0].key.clone(), move |engine| async move {
+        self.spawn_cleanup(&key, move |engine| async move {
             let client = engine.backend.client_for(&token).clone();
             let names: Vec<&Names> = set.iter().collect();
             // With the script's text: a NOSCRIPT retry would go out behind the token's later
@@ -152,8 +150,8 @@ impl Engine {
                 )
                 .await
             {
-                Ok(left) => tracing::debug!(key = %key, ?left, "background departure of a set"),
-                Err(e) => tracing::warn!(key = %key, error = %e, "a set leaving its queues failed; its entries lapse when this process stops listening, its keys by their TTL"),
+                Ok(left) => tracing::debug!(key = %set[0].key, ?left, "background departure of a set"),
+                Err(e) => tracing::warn!(key = %set[0].key, error = %e, "a set leaving its queues failed; its entries lapse when this process stops listening, its keys by their TTL"),
             }
         });
     }

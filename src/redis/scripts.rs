@@ -752,10 +752,8 @@ impl Engine {
     }
 
     /// A set script's `KEYS` (lock, fence, queue, processes of each key, in order) and
-    /// `ARGV` (as every lock script's, for the set's `token`), the errors naming the first
-    /// key. `None`: no keys.
-    fn set_call(&self, set: &[&Names], c: &Call<'_>) -> Option<(Vec<String>, Vec<String>)> {
-        set.first()?;
+    /// `ARGV` (as every lock script's, for the set's `token`).
+    fn set_call(&self, set: &[&Names], c: &Call<'_>) -> (Vec<String>, Vec<String>) {
         let mut keys = Vec::with_capacity(set.len() * 4);
         for names in set {
             keys.push(names.lock.clone());
@@ -763,7 +761,7 @@ impl Engine {
             keys.push(names.queue());
             keys.push(names.processes());
         }
-        Some((keys, self.argv(c)))
+        (keys, self.argv(c))
     }
 
     /// One attempt at a set on one node ([`SET_ACQUIRE`]), `set` its keys' names in order
@@ -780,11 +778,11 @@ impl Engine {
         c: &Call<'_>,
         limit: Duration,
     ) -> Result<SetTry> {
-        let deadline = Instant::now() + limit;
-        let Some((keys, args)) = self.set_call(set, c) else {
+        let Some(&first) = set.first() else {
             return Ok(SetTry::Acquired { fences: Vec::new() });
         };
-        let first = set[0];
+        let deadline = Instant::now() + limit;
+        let (keys, args) = self.set_call(set, c);
         let n = set.len();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -865,9 +863,7 @@ impl Engine {
             pid,
             ..Call::new(first, token)
         };
-        let Some((keys, args)) = self.set_call(set, &c) else {
-            return Ok(Vec::new());
-        };
+        let (keys, args) = self.set_call(set, &c);
         let deadline = Instant::now() + limit;
         // What the first call said of each key stands: a call that goes on ("continue")
         // finds the keys released already not held any more.
@@ -878,7 +874,7 @@ impl Engine {
                 .eval_with(
                     client,
                     &self.scripts.set_release,
-                    set[0],
+                    first,
                     keys.clone(),
                     args.clone(),
                     left,
@@ -888,7 +884,7 @@ impl Engine {
             let (more, codes) = match reply.as_slice() {
                 [reply::CONTINUE, codes @ ..] if codes.len() == set.len() => (true, codes),
                 codes if codes.len() == set.len() => (false, codes),
-                other => return Err(unexpected(set[0], Op::Release, other)),
+                other => return Err(unexpected(first, Op::Release, other)),
             };
             let codes = first_codes.get_or_insert_with(|| codes.to_vec());
             if more {
@@ -929,9 +925,7 @@ impl Engine {
             flag: Some(Flag::GiveBack),
             ..Call::new(first, token)
         };
-        let Some((keys, mut args)) = self.set_call(set, &c) else {
-            return Ok(Left::Nothing);
-        };
+        let (keys, mut args) = self.set_call(set, &c);
         if let Some(fences) = orphan {
             let list: Vec<String> = fences.iter().map(u64::to_string).collect();
             args[7] = "o".to_owned();
@@ -942,7 +936,7 @@ impl Engine {
             .eval_with(
                 client,
                 &self.scripts.set_leave,
-                set[0],
+                first,
                 keys,
                 args,
                 limit,
@@ -958,7 +952,7 @@ impl Engine {
                     .await?;
                 Left::GaveBack
             }
-            other => return Err(unexpected(set[0], Op::LeaveQueue, other)),
+            other => return Err(unexpected(first, Op::LeaveQueue, other)),
         })
     }
 

@@ -262,6 +262,18 @@ impl SetRequest {
         }
     }
 
+    /// Leaves every queue of the set (`member`, unless empty, of process `pid`) and gives back
+    /// whatever its token holds, in the background.
+    pub(crate) fn leave_in_background(&self, engine: &Arc<Engine>, member: String, pid: String) {
+        engine.set_leave_in_background(
+            self.reqs.iter().map(|r| r.names.clone()).collect(),
+            self.reqs[0].token.to_string(),
+            member,
+            pid,
+            None,
+        );
+    }
+
     /// The keys' names, in order.
     pub(crate) fn names(&self) -> Vec<&Names> {
         self.reqs.iter().map(|r| &r.names).collect()
@@ -428,13 +440,8 @@ struct SetResidue<'a> {
 impl Drop for SetResidue<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.engine.set_leave_in_background(
-                self.set.reqs.iter().map(|r| r.names.clone()).collect(),
-                self.set.reqs[0].token.to_string(),
-                String::new(),
-                String::new(),
-                None,
-            );
+            self.set
+                .leave_in_background(self.engine, String::new(), String::new());
         }
     }
 }

@@ -59,7 +59,7 @@ async fn wait_zero_means_one_attempt_with_the_whole_command_timeout() {
     assert_eq!(w.limit(CMD, Instant::now()), (CMD, false));
     // A transient failure is not retried: it is the answer.
     assert!(matches!(
-        w.failed::<crate::hold::guard::LockGuard>(timeout(), false),
+        w.failed::<()>(timeout(), false),
         Err(Error::Timeout { .. })
     ));
 }

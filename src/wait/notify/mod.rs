@@ -193,13 +193,7 @@ impl Target for SetRequest {
     }
 
     fn leave_in_background(&self, engine: &Arc<Engine>, pid: &str) {
-        engine.set_leave_in_background(
-            self.reqs.iter().map(|r| r.names.clone()).collect(),
-            self.reqs[0].token.to_string(),
-            self.member(pid),
-            pid.to_owned(),
-            None,
-        );
+        SetRequest::leave_in_background(self, engine, self.member(pid), pid.to_owned());
     }
 
     fn give_up(&self, w: &mut Waiting) -> Error {
