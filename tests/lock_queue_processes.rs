@@ -304,10 +304,7 @@ async fn a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly(
     doomed.kill();
     // (The set listens on its first key's channel, the survivor on d-a's.)
     until_dead(url, &["d-a", "d-b"], 1).await?;
-    let released = now_ns();
-    g.release().await.map_err(|e| e.to_string())?;
-    let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = common::ms(field(&l, 2).saturating_sub(released));
+    let after = released_to(g, &mut survivor).await?;
     survivor.send("stop");
     survivor.expect("done", Duration::from_secs(10)).await?;
     common::lock_queued(&locker, "d-a", 0).await?;
@@ -320,6 +317,14 @@ async fn a_crashed_set_waiter_holds_back_the_waiters_behind_it_briefly(
     Ok(format!(
         "a set waiter killed at the head of a free key's queue: the next held it {after:.2} ms after the release of the set's other key"
     ))
+}
+
+/// Releases `g` and waits for `next`'s acquisition ("ACQ"): the ms from the release to it.
+async fn released_to(g: waitlock::LockGuard, next: &mut Proc) -> Result<f64, String> {
+    let released = now_ns();
+    g.release().await.map_err(|e| e.to_string())?;
+    let l = next.expect("ACQ", Duration::from_secs(10)).await?;
+    Ok(common::ms(field(&l, 2).saturating_sub(released)))
 }
 
 /// A process SIGKILLed with `n` waiters queued: a waiter of another process queued behind them
@@ -343,10 +348,7 @@ async fn crashed_waiters(url: &str, n: usize) -> Result<String, String> {
     common::lock_queued(&locker, &key, n + 1).await?;
     doomed.kill();
     until_dead(url, &[&key], 1).await?;
-    let released = now_ns();
-    g.release().await.map_err(|e| e.to_string())?;
-    let l = survivor.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = common::ms(field(&l, 2).saturating_sub(released));
+    let after = released_to(g, &mut survivor).await?;
     survivor.send("stop");
     survivor.expect("done", Duration::from_secs(10)).await?;
     common::lock_queued(&locker, &key, 0).await?;
@@ -622,10 +624,7 @@ async fn frozen_before_release(
     common::lock_queued(&locker, key, 3).await?;
     frozen.signal("-STOP");
     tokio::time::sleep(Duration::from_millis(freeze_ms)).await;
-    let released = now_ns();
-    g.release().await.map_err(|e| e.to_string())?;
-    let l = live.expect("ACQ", Duration::from_secs(10)).await?;
-    let after = common::ms(field(&l, 2).saturating_sub(released));
+    let after = released_to(g, &mut live).await?;
     frozen.signal("-CONT");
     // The resumed process finds its waiters skipped, queues them again and is served.
     frozen.expect("ACQ", Duration::from_secs(10)).await?;

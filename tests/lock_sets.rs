@@ -417,6 +417,24 @@ async fn a_queued_set_waits_holding_nothing() {
     nothing_left(&locker, &["h-a", "h-b"]).await;
 }
 
+/// Whenever it is looked at, each of `keys` is free while a set waits: taken and given back by
+/// `other`, `looks` times at least, over `span` at least (5 ms apart).
+async fn stay_free(other: &Locker, keys: &[&str], looks: usize, span: Duration) {
+    let started = Instant::now();
+    let mut n = 0;
+    while n < looks || started.elapsed() < span {
+        for key in keys {
+            let g = other
+                .acquire(key, &LockOptions::new())
+                .await
+                .unwrap_or_else(|e| panic!("{key} is held while the set waits: {e}"));
+            g.release().await.expect("release");
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A polling locker's set on one node waits holding nothing (no opt-in): while one key is
 /// held, its other keys stay free for anyone, and with refresh off a wait longer than the
 /// TTL is only a wait; it is taken, every key at once, when the held key is released.
@@ -441,21 +459,8 @@ async fn a_polling_set_waits_holding_nothing() {
                 .await
         })
     };
-    // Whenever it is looked at, w-a and w-c are free: taken and given back by another, many
-    // times over the set's attempts (its backoff is a few ms; this spans 400 ms at least).
-    let started = Instant::now();
-    let mut looks = 0;
-    while looks < 40 || started.elapsed() < Duration::from_millis(400) {
-        for key in ["w-a", "w-c"] {
-            let g = other
-                .acquire(key, &LockOptions::new())
-                .await
-                .unwrap_or_else(|e| panic!("{key} is held while the set waits: {e}"));
-            g.release().await.expect("release");
-        }
-        looks += 1;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Over the set's attempts (its backoff is a few ms).
+    stay_free(&other, &["w-a", "w-c"], 40, Duration::from_millis(400)).await;
     assert!(!waiting.is_finished(), "w-b is still held");
     blocker.release().await.expect("release w-b");
     let set = waiting
@@ -596,21 +601,14 @@ async fn in_order_a_run_of_one_slot_is_waited_for_holding_none_of_it() {
                 .await
         })
     };
-    // Whenever it is looked at, key 0 and key 199 are free: taken and given back by another,
-    // many times over the set's attempts (its backoff is a few ms; this spans 200 ms at least).
-    let started = Instant::now();
-    let mut looks = 0;
-    while looks < 20 || started.elapsed() < Duration::from_millis(200) {
-        for key in [&keys[0], &keys[199]] {
-            let g = other
-                .acquire(key, &LockOptions::new())
-                .await
-                .unwrap_or_else(|e| panic!("{key} is held while the set waits: {e}"));
-            g.release().await.expect("release");
-        }
-        looks += 1;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Over the set's attempts (its backoff is a few ms).
+    stay_free(
+        &other,
+        &[&keys[0], &keys[199]],
+        20,
+        Duration::from_millis(200),
+    )
+    .await;
     assert!(!waiting.is_finished(), "key 200 is still held");
     blocker.release().await.expect("release key 200");
     let set = waiting.await.expect("task").expect("the set");
