@@ -702,7 +702,9 @@ fn rows() -> Vec<Row> {
         },
         // Issue 36: new watchers are read from the back of the queue in two reads (the last 4
         // members, then the 12 before them, only when the first do not do): the choice is the
-        // one a single read of the last 16 made.
+        // one a single read of the last 16 made. Here the walk read the whole queue (its first
+        // read of 8 found its end), so both come from that read: no ZRANGE, no ZMSCORE. The
+        // next row takes both reads from Redis.
         Row {
             name: "new watchers: the back 4 all of the new holder's process, the next from the read before them",
             setup: &[
@@ -729,8 +731,43 @@ fn rows() -> Vec<Row> {
                     "bbbbbbbbbbbb: w3 20000 ",
                     "aaaaaaaaaaaa: w3 20000 ",
                 ]),
-                // (one ZRANGE more than a single read of 16 would take)
-                Commands(18),
+                // (two fewer than with the reads from Redis, the next row)
+                Commands(16),
+            ],
+        },
+        // The same, with a queue longer than the walk's first read (three departed waiters at
+        // the head, dropped): the walk did not read its end, so the watchers' choice reads the
+        // back from Redis (and asks whether the current watchers are queued: ZMSCORE).
+        Row {
+            name: "new watchers from Redis: the back 4 all of the new holder's process, the next from the read before them",
+            setup: &[
+                "{queue:3}",
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w1",
+                "ZADD {Q} 2 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 3 aaaaaaaaaaaa_20000_w2",
+                "ZADD {Q} 4 aaaaaaaaaaaa_20000_w3",
+                "ZADD {Q} 5 aaaaaaaaaaaa_20000_w4",
+                "ZADD {Q} 6 aaaaaaaaaaaa_20000_w5",
+                "HSET {P} aaaaaaaaaaaa {now}",
+                "HSET {P} bbbbbbbbbbbb {now}",
+            ],
+            script: scripts::RELEASE,
+            call: args("H"),
+            reply: "[2]",
+            checks: &[
+                Get(L, Some("hw1")),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some("aaaaaaaaaaaa 20000 w5")),
+                Messages(&[
+                    "aaaaaaaaaaaa: g2 ",
+                    "bbbbbbbbbbbb: w3 20000 ",
+                    "aaaaaaaaaaaa: w3 20000 ",
+                ]),
+                // (one ZRANGE more than a single read of 16 would take; the departed heads'
+                // process, which nobody listens for sharded, is also asked PUBSUB NUMSUB)
+                Commands(19),
             ],
         },
         // Review 2, finding 2: a waiter that took the free lock as the oldest live waiter
@@ -860,7 +897,7 @@ fn rows() -> Vec<Row> {
                 pid: LIVE,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, _, _, 2]",
+            reply: "[2, _, 1, 1, 100, _, _, 0]",
             checks: &[Queue(&[M_LIVE2, M_LIVE])],
         },
         // Review 2, section 7: fence 0 from `{1}` after the counter expired.
@@ -900,7 +937,7 @@ fn rows() -> Vec<Row> {
                 pid: LIVE,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, _, _, 2]",
+            reply: "[2, _, 1, 1, 100, _, _, 0]",
             checks: &[
                 Process("eeeeeeeeeeee", None),
                 Process("ffffffffffff", None),
@@ -961,6 +998,34 @@ fn rows() -> Vec<Row> {
                 pid: LIVE,
                 ..args("w1")
             },
+            reply: "[2, _, 1, 1, 100, 1, _, 0]",
+            checks: &[
+                Queue(&[M_LIVE2, M_LIVE]),
+                Watcher("!w1", Some(M_LIVE2)),
+                Watcher("!w2", Some(M_LIVE)),
+                Process(LIVE, Some("now")),
+                Commands(10),
+            ],
+        },
+        // The queue's length is counted (ZCARD) only for the queue-depth metric (FLAG 'd',
+        // with the metrics feature), or when the caller was queued already.
+        Row {
+            name: "commands: the same attempt counting the queue for the metric (flag 'd')",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                flag: "d",
+                ..args("w1")
+            },
             reply: "[2, _, 1, 1, 100, 1, _, 2]",
             checks: &[
                 Queue(&[M_LIVE2, M_LIVE]),
@@ -969,6 +1034,26 @@ fn rows() -> Vec<Row> {
                 Process(LIVE, Some("now")),
                 Commands(11),
             ],
+        },
+        Row {
+            name: "an attempt of a waiter queued already counts the queue (whether it is alone decides the queue's life)",
+            setup: &[
+                "SET {L} qH PX 5000",
+                "SET {F} 100_q PX 60000",
+                "ZADD {Q} 1 bbbbbbbbbbbb_30000_x1",
+                "ZADD {Q} 2 aaaaaaaaaaaa_20000_w1",
+                "HSET {P} aaaaaaaaaaaa {now} bbbbbbbbbbbb {now} !w1 {soon}_bbbbbbbbbbbb_30000_x1 !w2 {soon}_aaaaaaaaaaaa_20000_w1 !h cccccccccccc !e {far}",
+                "PEXPIRE {Q} 5000000",
+                "PEXPIRE {P} 5000000",
+            ],
+            script: scripts::ACQUIRE,
+            call: Args {
+                member: M_LIVE,
+                pid: LIVE,
+                ..args("w1")
+            },
+            reply: "[2, _, 1, 1, 100, 1, _, 2]",
+            checks: &[Queue(&[M_LIVE2, M_LIVE])],
         },
         Row {
             name: "commands: a release that grants to a fresh waiter, waiters and watchers kept",
@@ -999,7 +1084,9 @@ fn rows() -> Vec<Row> {
                 // ('!e' says the queue and the hash live long enough: not moved)
                 Ttl(Q, 4_990_000, 5_000_000),
                 Ttl(P, 4_990_000, 5_000_000),
-                Commands(13),
+                // (the walk read the whole queue: whether the watchers are queued, and the
+                // queue's back, come from that read, not from a ZMSCORE and a ZRANGE)
+                Commands(11),
             ],
         },
         Row {
@@ -1024,7 +1111,7 @@ fn rows() -> Vec<Row> {
                 Get(L, Some("hw1")),
                 Ttl(Q, 4_519_000, 4_520_000),
                 Ttl(P, 4_519_000, 4_520_000),
-                Commands(16),
+                Commands(14),
             ],
         },
         Row {
@@ -1052,7 +1139,7 @@ fn rows() -> Vec<Row> {
         // window is not written again (these rows: a window of a minute, the record a second
         // old).
         Row {
-            name: "commands: a queueing attempt, its record young, the watchers kept: 10, no HSET",
+            name: "commands: a queueing attempt, its record young, the watchers kept: 9, no HSET",
             setup: YOUNG_RECORD,
             script: scripts::ACQUIRE,
             call: Args {
@@ -1061,11 +1148,11 @@ fn rows() -> Vec<Row> {
                 presence: 60_000,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, 0, _, 3]",
+            reply: "[2, _, 1, 1, 100, 0, _, 0]",
             checks: &[
                 Queue(&["bbbbbbbbbbbb 30000 x1", "eeeeeeeeeeee 30000 y1", M_LIVE]),
                 Process(LIVE, Some("{young}")),
-                Commands(10),
+                Commands(9),
             ],
         },
         Row {
@@ -1078,11 +1165,11 @@ fn rows() -> Vec<Row> {
                 presence: 3_000,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, 0, _, 3]",
-            checks: &[Process(LIVE, Some("now")), Commands(11)],
+            reply: "[2, _, 1, 1, 100, 0, _, 0]",
+            checks: &[Process(LIVE, Some("now")), Commands(10)],
         },
         Row {
-            name: "commands: a release that grants, its record young, '!h' and the watchers kept: 12, no HSET",
+            name: "commands: a release that grants, its record young, '!h' and the watchers kept: 10, no HSET",
             setup: &[
                 "SET {L} qH PX 5000",
                 "SET {F} 100_q PX 60000",
@@ -1107,7 +1194,7 @@ fn rows() -> Vec<Row> {
                 Process("!h", Some(LIVE)),
                 Process(LIVE, Some("{young}")),
                 Messages(&["aaaaaaaaaaaa: g2 "]),
-                Commands(12),
+                Commands(10),
             ],
         },
         Row {
@@ -1136,8 +1223,9 @@ fn rows() -> Vec<Row> {
                 Process("cccccccccccc", Some("now")),
                 Messages(&["aaaaaaaaaaaa: g2 ", "bbbbbbbbbbbb: w3 "]),
                 // (the second HMGET: the departed watcher's process, and a PUBSUB NUMSUB for
-                // it, as nobody listens for it sharded)
-                Commands(16),
+                // it, as nobody listens for it sharded; its membership and the queue's back
+                // from the walk's whole read)
+                Commands(14),
             ],
         },
         Row {
@@ -1156,7 +1244,7 @@ fn rows() -> Vec<Row> {
                 pid: LIVE,
                 ..args("w1")
             },
-            reply: "[2, _, 1, 1, 100, 1, _, 2]",
+            reply: "[2, _, 1, 1, 100, 1, _, 0]",
             checks: &[
                 Process(LIVE, Some("now")),
                 Ttl(P, 4_990_000, 5_000_000),

@@ -202,7 +202,8 @@ impl<'a> Message<'a> {
 }
 
 /// The flag argument of a script (and the fence argument it comes with): for leave, what a
-/// departing waiter does with a hold of its token; for status, the operators' view.
+/// departing waiter does with a hold of its token; for status, the operators' view; for a
+/// queueing attempt, whether the queue's length is wanted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Flag {
     /// Leave: give back whatever the token holds (a departing or cancelled wait: any hold of its
@@ -213,15 +214,19 @@ pub(crate) enum Flag {
     Orphan(u64),
     /// Status: the operators' view, with the holder's token and the first this many waiters.
     Listing(u32),
+    /// Acquire (queueing): count the queue's length for the reply (one `ZCARD`), which only the
+    /// queue-depth metric reads.
+    Depth,
 }
 
 impl Flag {
-    /// The flag and fence arguments of `leave.lua` and `status.lua`.
+    /// The flag and fence arguments of `leave.lua`, `status.lua` and a queueing attempt.
     pub(crate) fn args(self) -> (&'static str, String) {
         match self {
             Flag::GiveBack => ("G", String::new()),
             Flag::Orphan(fence) => ("o", fence.to_string()),
             Flag::Listing(n) => ("w", n.to_string()),
+            Flag::Depth => ("d", String::new()),
         }
     }
 }

@@ -501,6 +501,14 @@ impl Engine {
         c: &Call<'_>,
         limit: Duration,
     ) -> Result<Attempt> {
+        // The queue's length is counted only for the queue-depth metric.
+        let counted = Call {
+            flag: c
+                .flag
+                .or((cfg!(feature = "metrics") && !c.member.is_empty()).then_some(Flag::Depth)),
+            ..*c
+        };
+        let c = &counted;
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

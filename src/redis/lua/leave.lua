@@ -6,6 +6,7 @@
 -- (departed waiters dropped, more to look at): call release to continue.
 local L = slow()
 if MEMBER ~= '' and redis.call('ZREM', KEYS[3], MEMBER) == 1 then
+  queue_written()
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then
     -- Free: the watchers look now, unless a set at the head waits for its other keys (a look

@@ -234,6 +234,7 @@ local function slow(l)
         else
           local lq = l .. ':q'
           redis.call('ZREM', lq, m.member)
+          queue_written()
           more = redis.call('ZCARD', lq) > 0
           L = slow(l)
         end
@@ -276,6 +277,7 @@ local function slow(l)
           local lq = l .. ':q'
           local head = (other('ZRANGE', lq, 0, 0) or {})[1]
           if redis.call('ZREM', lq, m.member) == 1 then
+            queue_written()
             local cur = redis.call('GET', l)
             local O = slow(l)
             if cur then

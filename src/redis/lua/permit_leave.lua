@@ -7,6 +7,7 @@ local s = state()
 local before = s.used
 purge(s)
 local left = MEMBER ~= '' and redis.call('ZREM', PQ, MEMBER) == 1
+if left then queue_written() end
 local r = NOT_HELD
 if redis.call('ZSCORE', HOLDERS, TOKEN)
     and (FLAG ~= 'o' or redis.call('HGET', FENCES, TOKEN) == FENCE .. ' g') then

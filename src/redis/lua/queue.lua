@@ -40,8 +40,9 @@
 --   messages for any of its keys, 'd2') go to its first key's channel of its process.
 --
 -- ARGV (every script): token, ttl ms, retention ms (the state, the queue, the processes hash),
--- claim window ms, presence window ms, queue member or '', the caller's pid or '', flag, fence
--- or ''; (permits) ARGV[10] the number of permits the caller expects.
+-- claim window ms, presence window ms, queue member or '', the caller's pid or '', flag (a
+-- queueing attempt: 'd' counts the queue for its reply, see `queued_reply`), fence or '';
+-- (permits) ARGV[10] the number of permits the caller expects.
 
 local TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
@@ -88,6 +89,13 @@ local NO_LEASE = 100000
 -- (Redis runs the whole script body on every call, and creating a dozen closures there costs
 -- the fast paths ~15%). `queue()`: the call's own key's (KEYS[1], KEYS[3], KEYS[4]), once.
 local queue_fns
+
+-- Writes of any queue by this call, counted (`queue_written` after each ZADD or ZREM of a
+-- queue, in every script): a walk that read a whole queue keeps what it read (`whole`, see
+-- `walk`), which holds only while no queue was written since.
+local queue_writes = 0
+local function queue_written() queue_writes = queue_writes + 1 end
+
 local function queue(key, q, pkey)
   if not key then
     if not queue_fns then queue_fns = queue(KEYS[1], KEYS[3], KEYS[4]) end
@@ -178,16 +186,22 @@ local function queue(key, q, pkey)
   -- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
   -- microseconds, but never below the last member's (+1): after the clock steps back, a
   -- newcomer still queues behind every waiter already there (FIFO). Returns whether it was
-  -- not queued before.
+  -- not queued before. `alone`: it was added to an empty queue (true), to a queue with
+  -- members (false), or was queued already (nil: not known).
+  local alone = nil
   local function add_member(member)
     member = member or MEMBER
     if redis.call('ZADD', q, 'NX', now_us(), member) == 1 then
-      local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-      if last[1] ~= member then
-        redis.call('ZADD', q, 'XX', tonumber(last[2]) + 1, member)
+      queue_written()
+      -- (The last two: the last member, and whether the newcomer is alone.)
+      local last = redis.call('ZRANGE', q, -2, -1, 'WITHSCORES')
+      if last[#last - 1] ~= member then
+        redis.call('ZADD', q, 'XX', tonumber(last[#last]) + 1, member)
       end
+      alone = #last == 2
       return true
     end
+    alone = nil
     return false
   end
 
@@ -439,6 +453,39 @@ local function queue(key, q, pkey)
     -- those fields in between).
     local ahead_on, ahead_was = false, nil
 
+    -- The queue as this call's last walk read it to its end, in order, less the members that
+    -- walk took out (nil: no such walk, or a queue was written since: see `queue_writes`).
+    -- The watchers' choice reads members from it instead of from Redis: a short queue is read
+    -- once per call.
+    local whole = nil
+    local function whole_now()
+      if whole and whole.at == queue_writes then return whole end
+      return nil
+    end
+
+    -- Whether each of the members `ms` (strings) is queued: ZMSCORE, or `whole`.
+    local function queued(ms)
+      local w = whole_now()
+      if not w then return redis.call('ZMSCORE', q, unpack(ms)) end
+      if not w.has then
+        w.has = {}
+        for _, m in ipairs(w) do w.has[m] = true end
+      end
+      local r = {}
+      for j, m in ipairs(ms) do r[j] = w.has[m] or false end
+      return r
+    end
+
+    -- The queue's members from `a` to `b` (negative: from its back, as ZRANGE's): ZRANGE, or
+    -- `whole`.
+    local function members(a, b)
+      local w = whole_now()
+      if not w then return redis.call('ZRANGE', q, a, b) end
+      local r = {}
+      for k = math.max(1, #w + a + 1), #w + b + 1 do r[#r + 1] = w[k] end
+      return r
+    end
+
     -- Walks the queue from its head, SCAN members at most: the one dead-head scan of every
     -- script. A member whose process is gone (nobody listens, or it lapsed) is dropped (a set's
     -- from each of its queues, at once: `fns.sets().gone`, the lock's; each of its other keys
@@ -454,6 +501,10 @@ local function queue(key, q, pkey)
     -- it visited (nil: not known without asking).
     local function walk(self, own_token, visit)
       local out, stopped = {}, false
+      -- Every member read, in order, and whether a read reached the queue's end (then they
+      -- are the whole queue, as no queue was written during the walk: `whole`).
+      local read, ended, writes0 = {}, false, queue_writes
+      whole = nil
       local limit = SCAN
       if budget then limit = math.max(0, math.min(SCAN, budget)) end
       -- Heads are read a few at a time (most walks stop at the first live one), `limit` at
@@ -469,6 +520,8 @@ local function queue(key, q, pkey)
           local n = math.min(size, limit - spent)
           heads = redis.call('ZRANGE', q, from, from + n - 1)
           full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
+          ended = not full
+          for k = 1, #heads do read[#read + 1] = heads[k] end
           if #heads == 0 then return nil end
           local ms, n, pre = heads, #heads, nil
           if ahead_on and not ahead_was then
@@ -527,7 +580,19 @@ local function queue(key, q, pkey)
           break
         end
       end
-      if #out > 0 then redis.call('ZREM', q, unpack(out)) end
+      local kept = ended and queue_writes == writes0
+      if #out > 0 then
+        redis.call('ZREM', q, unpack(out))
+        queue_written()
+      end
+      if kept then
+        local left = {}
+        for _, m in ipairs(out) do left[m] = true end
+        whole = {at = queue_writes}
+        for _, m in ipairs(read) do
+          if not left[m] then whole[#whole + 1] = m end
+        end
+      end
       local spent = from - (#heads - i) + extra
       if budget then budget = budget - spent end
       -- Members behind the last one visited: true, false, or nil (not read: maybe).
@@ -570,7 +635,7 @@ local function queue(key, q, pkey)
       end
       if #cur > 0 then
         know({cur[1].m, cur[2] and cur[2].m}, 2)
-        local score = redis.call('ZMSCORE', q, cur[1].m, (cur[2] or cur[1]).m)
+        local score = queued({cur[1].m, (cur[2] or cur[1]).m})
         for j, c in ipairs(cur) do
           if score[j] then cands[#cands + 1] = c end
         end
@@ -588,9 +653,9 @@ local function queue(key, q, pkey)
             tail_read = tail_read + 1
             local tail
             if tail_read == 1 then
-              tail = redis.call('ZRANGE', q, -4, -1)
+              tail = members(-4, -1)
             else
-              tail = redis.call('ZRANGE', q, -16, -5)
+              tail = members(-16, -5)
             end
             -- (Fewer than 4: the queue has no more.)
             if #tail < 4 then tail_read = 2 end
@@ -717,12 +782,19 @@ local function queue(key, q, pkey)
   -- the 'queued' reply: {HELD, pttl, 1,
   -- listening, fence, watching, Redis time us, depth} (listening 0: nobody listens on the
   -- caller's grant channel, e.g. Redis dropped it when a Cluster slot moved; watching 1: the
-  -- caller looks when the lease ends; depth: the queue's length now, the caller included).
+  -- caller looks when the lease ends; depth: the queue's length now, the caller included,
+  -- counted (ZCARD) only with FLAG 'd', for the queue-depth metric, or when `add_member` did
+  -- not learn whether the caller is alone; 0: not counted).
   local function queued_reply(pttl, f, holding, life)
     local listening = 0
     if listener(PID) then listening = 1 end
     local watcher = watching(pttl, holding)
-    local depth = redis.call('ZCARD', q)
+    local depth = 0
+    if alone then
+      depth = 1
+    elseif FLAG == 'd' or alone == nil then
+      depth = redis.call('ZCARD', q)
+    end
     -- The first member of a queue gives it (and the processes hash) the lease plus the
     -- retention. A queue that already had members has that life at least: from its first
     -- member, or from the last call that set a lease since (they all `keep` it).

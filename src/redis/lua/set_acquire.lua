@@ -130,6 +130,7 @@ if not blocked then
     local more = false
     if heads[j] then
       redis.call('ZREM', q, MEMBER)
+      queue_written()
       more = redis.call('ZCARD', q) > 0
     end
     local _, hadq = fence_parse(fv[j])
@@ -187,6 +188,7 @@ if added > 0 and added < n then
     local q = KEYS[4 * j - 1]
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     redis.call('ZREM', q, MEMBER)
+    queue_written()
     if head == MEMBER and not redis.call('GET', locks[j]) then
       if L(j).release_held(QUEUED) == CONTINUE then return {CONTINUE, j} end
     end

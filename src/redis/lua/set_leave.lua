@@ -16,6 +16,7 @@ if MEMBER ~= '' then
     local l, q = KEYS[4 * j - 3], KEYS[4 * j - 1]
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if redis.call('ZREM', q, MEMBER) == 1 then
+      queue_written()
       local K = slow(l)
       local cur = redis.call('GET', l)
       if cur then
