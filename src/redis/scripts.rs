@@ -173,7 +173,8 @@ pub(crate) struct Queued {
     pub(crate) watcher: bool,
     /// Redis' clock when the attempt ran (microseconds).
     pub(crate) redis_us: u64,
-    /// The queue's length after the attempt (our member included).
+    /// The queue's length after the attempt (our member included), counted with the
+    /// `metrics` feature (its queue-depth metric is the one reader); 0 when not counted.
     pub(crate) depth: u64,
 }
 

@@ -1,14 +1,16 @@
 -- Model: `Queue::acquire` in model/ mirrors this script (change both together).
 -- Acquire; when the lock is held and MEMBER is given, queue MEMBER.
 -- Reply ({2, pttl, 0, 1}: held, and waiters may be queued, who come first; the queued reply ends
--- with the queue's length, the caller included):
+-- with the queue's length, the caller included, when counted):
 -- {0, ttl, fence} acquired; {3, ttl, fence} a short grant to this token, confirmed now;
 -- {1, pttl, fence} this token holds it already (a full grant is claimed: 'h' becomes 'q'); {2, pttl, 0} another token holds it (pttl -1:
--- no expiry); {2, pttl, 1, listening, fence, rank, time} the same, and MEMBER is queued:
+-- no expiry); {2, pttl, 1, listening, fence, watching, time, depth} the same, and MEMBER is queued:
 -- listening 0 says nobody listens on its process's grant channel (Redis dropped the
 -- subscription, e.g. when a Cluster slot moved), fence is the latest fence now (a grant
 -- message with a fence not above it was published before this call and must not be used),
--- rank its place in the queue (0: first), time Redis' clock in microseconds (pttl -1 also
+-- watching 1 if the caller is one of the key's watchers, time Redis' clock in microseconds,
+-- depth the queue's length (counted only with FLAG 'd' or when the caller was alone or queued
+-- already; 0: not counted; see `queued_reply` in queue.lua) (pttl -1 also
 -- when the lock is free while a set at the head of its queue waits for its other keys:
 -- nothing to look at); {4} the lock was
 -- free with only departed waiters at the head of the queue: it is the caller's only to pass
