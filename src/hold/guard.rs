@@ -34,6 +34,9 @@ pub struct LockGuard {
     lease: Arc<Lease>,
     task: Option<Task>,
     released: bool,
+    /// Taken free (see [`Hold`]): released with one compare-and-delete where the server has
+    /// one and nobody queued since.
+    taken: bool,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -68,6 +71,7 @@ impl LockGuard {
             refresh,
             task: None,
             released: false,
+            taken: hold.taken,
         }
     }
 
@@ -182,16 +186,17 @@ impl LockGuard {
     #[tracing::instrument(name = "release", level = "debug", skip_all, fields(key = %self.names.key))]
     pub async fn release(mut self) -> Result<()> {
         self.stop_task();
-        let released = self
-            .engine
-            .release_on(
-                self.engine.backend.client_for(&self.token),
-                &self.names,
-                &self.token,
-                &self.pid,
-                self.engine.command_timeout,
-            )
-            .await;
+        let client = self.engine.backend.client_for(&self.token);
+        let timeout = self.engine.command_timeout;
+        let released = if self.taken {
+            self.engine
+                .release_taken(client, &self.names, &self.token, &self.pid, timeout)
+                .await
+        } else {
+            self.engine
+                .release_on(client, &self.names, &self.token, &self.pid, timeout)
+                .await
+        };
         self.released = true;
         match released {
             Ok(Released::Deleted | Released::HandedOver) => Ok(()),

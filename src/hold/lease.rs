@@ -17,13 +17,16 @@ pub(crate) fn validity_deadline(from: Instant, px: Duration) -> Instant {
     from + px.saturating_sub(margin(px))
 }
 
-/// How a lock came to be held: its fence, the last instant this holder may rely on it, and
-/// the local instant its current lease started at the latest (by our clock).
+/// How a lock came to be held: its fence, the last instant this holder may rely on it, the
+/// local instant its current lease started at the latest (by our clock), and whether it was
+/// taken free (not handed over: its release may then be one compare-and-delete, see
+/// `redis/scripts/taken.rs`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Hold {
     pub(crate) fence: u64,
     pub(crate) valid_until: Instant,
     pub(crate) since: Instant,
+    pub(crate) taken: bool,
 }
 
 impl Hold {
@@ -33,6 +36,15 @@ impl Hold {
             fence,
             valid_until: validity_deadline(sent_at, px),
             since: sent_at,
+            taken: false,
+        }
+    }
+
+    /// The same, for a lock the call took free.
+    pub(crate) fn taken(self) -> Hold {
+        Hold {
+            taken: true,
+            ..self
         }
     }
 }

@@ -129,6 +129,10 @@ pub(crate) struct Engine {
     /// written only by a call that declares them: a slot can migrate; see `lua/lock.lua`),
     /// and calls are grouped by hash slot ([`Engine::node_slot`]).
     pub(crate) clustered: bool,
+    /// The server's compare-and-delete command, once asked (see `scripts/taken.rs`).
+    pub(crate) compare_delete: tokio::sync::OnceCell<Option<scripts::CompareDelete>>,
+    /// A node refused it: releases use the script only.
+    pub(crate) compare_delete_off: std::sync::atomic::AtomicBool,
     scripts: Scripts,
 }
 
@@ -157,6 +161,8 @@ impl Engine {
             watchers: std::sync::Mutex::default(),
             refresher: Arc::default(),
             tracker: tokio::sync::OnceCell::new(),
+            compare_delete: tokio::sync::OnceCell::new(),
+            compare_delete_off: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts::new(),
         }
     }

@@ -21,7 +21,9 @@ use tokio::time::Instant;
 
 mod election;
 mod status;
+mod taken;
 pub(crate) use status::{RawPermits, RawStatus};
+pub(crate) use taken::CompareDelete;
 
 /// A lock script: the queue layer, the lock's value grammar, the script.
 macro_rules! lua {
@@ -467,7 +469,24 @@ impl Engine {
                 }
             }
         });
-        match tokio::time::timeout(limit, call).await {
+        let outcome = tokio::time::timeout(limit, call).await;
+        self.outcome(client, names, op, limit, outcome)
+    }
+
+    /// What a call to Redis on `names`' key for `op`, bounded by `limit`, came to: its value,
+    /// or the error that names the key.
+    fn outcome<R>(
+        &self,
+        client: &Client,
+        names: &Names,
+        op: Op,
+        limit: Duration,
+        outcome: std::result::Result<
+            std::result::Result<R, fred::error::Error>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> Result<R> {
+        match outcome {
             Err(_) => Err(Error::Timeout {
                 key: names.key.clone(),
                 op,

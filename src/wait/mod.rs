@@ -340,7 +340,7 @@ impl Waiting {
         }
         let ttl = req.plan.ttl();
         let hold = match reply {
-            Ok(Attempt::Acquired { fence }) => Hold::sent(fence, sent_at, ttl),
+            Ok(Attempt::Acquired { fence }) => Hold::sent(fence, sent_at, ttl).taken(),
             // A grant of ours (its message was lost, or crossed this check), or our own
             // attempt sent twice by fred. Only the first attempt of a fixed token can find a
             // hold made before this request: every later hold of the token is this request's

@@ -35,6 +35,8 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// Listens with TLS only (`--port 0 --tls-port P`, the TLS settings in `extra`).
     tls_only: bool,
+    /// The `redis-server` binary ([`binary`], or another: [`RedisServer::start_program`]).
+    program: String,
 }
 
 /// Server arguments that take sharded pub/sub away (renamed to names no client knows), as on a
@@ -84,12 +86,22 @@ impl RedisServer {
         Self::start_configured(extra, false)
     }
 
+    /// A server run from `program` (another build than [`binary`]).
+    #[allow(dead_code)]
+    pub fn start_program(program: &str) -> RedisServer {
+        Self::start_run(program, &[], false)
+    }
+
     /// A server that speaks TLS only; `extra` must hold its TLS settings (see `tls.rs`).
     pub fn start_tls_only(extra: &[&str]) -> RedisServer {
         Self::start_configured(extra, true)
     }
 
     fn start_configured(extra: &[&str], tls_only: bool) -> RedisServer {
+        Self::start_run(&binary(), extra, tls_only)
+    }
+
+    fn start_run(program: &str, extra: &[&str], tls_only: bool) -> RedisServer {
         let dir = std::env::temp_dir().join(format!(
             "waitlock-test-{}-{}",
             std::process::id(),
@@ -108,6 +120,7 @@ impl RedisServer {
             paused: false,
             extra: extra.iter().map(|a| a.to_string()).collect(),
             tls_only,
+            program: program.to_owned(),
         };
         const TRIES: usize = 10;
         for _ in 0..TRIES {
@@ -140,7 +153,7 @@ impl RedisServer {
         } else {
             vec!["--port", &port]
         };
-        let child = Command::new(binary())
+        let child = Command::new(&self.program)
             .args(ports)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra)
@@ -158,9 +171,9 @@ impl RedisServer {
                 "`{}` was not found. These tests run a private Redis: install it with \
                  `sudo apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS), \
                  or set WAITLOCK_REDIS_SERVER to the binary's path.",
-                binary()
+                self.program
             ),
-            Err(e) => panic!("could not start `{}`: {e}", binary()),
+            Err(e) => panic!("could not start `{}`: {e}", self.program),
         };
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);

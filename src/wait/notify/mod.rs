@@ -528,6 +528,7 @@ async fn take_grant<T: Target>(
                 fence: grant.fence,
                 valid_until: validity_deadline(since, lease.px),
                 since,
+                taken: false,
             };
             if hold.valid_until > Instant::now() {
                 return target.granted(engine, client, hold, &grant, limit).await;
@@ -543,6 +544,7 @@ async fn take_grant<T: Target>(
         fence: grant.fence,
         valid_until: now,
         since: now,
+        taken: false,
     };
     target
         .granted(engine, client, unconfirmed, &grant, limit)
