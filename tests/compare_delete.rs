@@ -165,3 +165,42 @@ async fn a_release_after_the_lease_ran_out_says_not_held() {
     assert!(v.is_some(), "the other holder's lock stays");
     other.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn a_server_that_refuses_the_command_gets_the_release_script() {
+    let (server, with_cad) = server();
+    let admin = server.client().await;
+    // A user that may run everything but the compare-and-delete commands (on a server that has
+    // them: an older one knows no such command to deny).
+    let mut acl: Vec<waitlock::fred::types::Value> =
+        ["SETUSER", "limited", "on", "nopass", "~*", "&*", "+@all"]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+    let known: Vec<waitlock::fred::types::Value> =
+        common::cmd(&admin, "COMMAND INFO DELEX DELIFEQ", vec![]).await;
+    for (name, info) in ["-delex", "-delifeq"].into_iter().zip(&known) {
+        if !info.is_null() {
+            acl.push(name.into());
+        }
+    }
+    assert_eq!(
+        acl.len() > 7,
+        with_cad,
+        "the server has a compare-and-delete"
+    );
+    let _: String = common::cmd(&admin, "ACL", acl).await;
+    let url = server.url().replacen("redis://", "redis://limited:x@", 1);
+    let locker = common::queued_locker(&url).await;
+    let opts = LockOptions::new().with_ttl(Duration::from_secs(10));
+    for i in 0..3 {
+        let g = locker
+            .acquire(&format!("acl-{i}"), &opts)
+            .await
+            .expect("acquire");
+        g.release().await.expect("released by the script");
+        let held: Option<String> =
+            common::cmd(&admin, "GET", vec![format!("{{waitlock:acl-{i}}}").into()]).await;
+        assert_eq!(held, None, "acl-{i} released");
+    }
+}

@@ -60,6 +60,20 @@ impl CompareDelete {
     }
 }
 
+/// Whether `e` is the server refusing the command (not a connection, routing or timeout
+/// failure, and not a demoted primary, which the script would meet too).
+fn refused(e: &fred::error::Error) -> bool {
+    use fred::error::ErrorKind;
+    !matches!(
+        e.kind(),
+        ErrorKind::IO
+            | ErrorKind::Timeout
+            | ErrorKind::Canceled
+            | ErrorKind::Routing
+            | ErrorKind::Cluster
+    ) && !e.details().starts_with("READONLY")
+}
+
 impl Engine {
     /// The server's compare-and-delete command, asked once (`None`: it has none, it could not
     /// be asked, or a node refused it).
@@ -109,7 +123,9 @@ impl Engine {
             match sent {
                 Ok(Ok(1)) => return Ok(Released::Deleted),
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) if e.details().to_ascii_lowercase().contains("unknown command") => {
+                // Refused (an unknown command on a node not upgraded, an ACL without it): the
+                // script from now on.
+                Ok(Err(e)) if refused(&e) => {
                     self.compare_delete_off.store(true, Ordering::Relaxed);
                 }
                 other => {
