@@ -501,9 +501,9 @@ local function queue(key, q, pkey)
     -- it visited (nil: not known without asking).
     local function walk(self, own_token, visit)
       local out, stopped = {}, false
-      -- Every member read, in order, and whether a read reached the queue's end (then they
-      -- are the whole queue, as no queue was written during the walk: `whole`).
-      local read, ended, writes0 = {}, false, queue_writes
+      -- Every batch of members read, in order, and whether a read reached the queue's end
+      -- (then they are the whole queue, as no queue was written during the walk: `whole`).
+      local batches, ended, writes0 = {}, false, queue_writes
       whole = nil
       local limit = SCAN
       if budget then limit = math.max(0, math.min(SCAN, budget)) end
@@ -521,7 +521,7 @@ local function queue(key, q, pkey)
           heads = redis.call('ZRANGE', q, from, from + n - 1)
           full, from, i, size = #heads == n, from + #heads, 0, math.min(size * 4, SCAN)
           ended = not full
-          for k = 1, #heads do read[#read + 1] = heads[k] end
+          batches[#batches + 1] = heads
           if #heads == 0 then return nil end
           local ms, n, pre = heads, #heads, nil
           if ahead_on and not ahead_was then
@@ -589,8 +589,10 @@ local function queue(key, q, pkey)
         local left = {}
         for _, m in ipairs(out) do left[m] = true end
         whole = {at = queue_writes}
-        for _, m in ipairs(read) do
-          if not left[m] then whole[#whole + 1] = m end
+        for _, batch in ipairs(batches) do
+          for _, m in ipairs(batch) do
+            if not left[m] then whole[#whole + 1] = m end
+          end
         end
       end
       local spent = from - (#heads - i) + extra
