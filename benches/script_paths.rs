@@ -6,6 +6,7 @@
 //! cargo bench --bench script_paths                              # this build's scripts
 //! BENCH_SCRIPTS_FROM=<rev> cargo bench --bench script_paths     # and <rev>'s, call for call
 //! cargo bench --bench script_paths -- --quick                   # fewer cycles
+//! BENCH_STEPS=1 cargo bench --bench script_paths                # each call's steps (steps.rs)
 //! ```
 //!
 //! Paths: a take of a free key and its release, nobody queued (the uncontended pair); a release
@@ -20,6 +21,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "script_paths/steps.rs"]
+mod steps;
 
 use common::scripts::{run as custom, subscriber};
 use common::server_info::{calls_since, commandstats};
@@ -150,6 +153,19 @@ struct Queue {
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cycles = if quick { 300 } else { 2_000 };
+    // (`BENCH_STEPS`: this build's scripts with checkpoints, and each call's steps printed.)
+    let stepped = std::env::var_os("BENCH_STEPS").is_some();
+    assert!(
+        !(stepped && std::env::var_os("BENCH_SCRIPTS_FROM").is_some()),
+        "BENCH_STEPS and BENCH_SCRIPTS_FROM: one at a time"
+    );
+    let with_steps = |src: &str, release: bool| {
+        if stepped {
+            steps::instrument(src, release)
+        } else {
+            src.to_owned()
+        }
+    };
     let server = RedisServer::start();
     let c = server.client().await;
     // Every call logged: `timed` reads its time from the newest entry.
@@ -159,8 +175,8 @@ async fn main() {
 
     let mut versions = vec![Version {
         name: "this build".into(),
-        acquire: waitlock::scripts::ACQUIRE.into(),
-        release: waitlock::scripts::RELEASE.into(),
+        acquire: with_steps(waitlock::scripts::ACQUIRE, false),
+        release: with_steps(waitlock::scripts::RELEASE, true),
         busy: names("busy0"),
         free: names("free0"),
     }];
@@ -228,7 +244,12 @@ async fn main() {
     // Per version and path: the times (µs), then the commands of a counting pass.
     let mut times = vec![vec![Vec::with_capacity(cycles); PATHS.len()]; versions.len()];
     let mut counted = vec![vec![0u64; PATHS.len()]; versions.len()];
-    let passes = [(cycles, false), (50, true)];
+    // Per path, each step and its times (µs), in the order first seen.
+    let mut by_step: Vec<Vec<(String, Vec<f64>)>> = vec![Vec::new(); PATHS.len()];
+    let del_steps = vec!["DEL".to_owned(), steps::LIST.to_owned()];
+    custom(&c, del_steps.clone()).await;
+    // (With steps, no counting pass: the checkpoints' commands would be counted.)
+    let passes = [(cycles, false), (if stepped { 0 } else { 50 }, true)];
     for (n, counting) in passes {
         for cycle in 0..n {
             // (Each version first every other cycle: neither gains from going second.)
@@ -260,6 +281,27 @@ async fn main() {
                         let (got, us) = timed(&c, words).await;
                         assert_eq!(got, want, "{}: {}", v.name, PATHS[p]);
                         times[vi][p].push(us as f64);
+                        if stepped {
+                            let list = vec![
+                                "LRANGE".to_owned(),
+                                steps::LIST.to_owned(),
+                                "0".to_owned(),
+                                "-1".to_owned(),
+                            ];
+                            let entries: Vec<String> =
+                                custom(&c, list).await.convert().expect("the steps");
+                            custom(&c, del_steps.clone()).await;
+                            for (step, us) in steps::deltas(&entries) {
+                                let at = match by_step[p].iter().position(|(s, _)| *s == step) {
+                                    Some(at) => at,
+                                    None => {
+                                        by_step[p].push((step, Vec::new()));
+                                        by_step[p].len() - 1
+                                    }
+                                };
+                                by_step[p][at].1.push(us);
+                            }
+                        }
                     }
                 }
                 let old = std::mem::replace(&mut q.holder, next);
@@ -293,6 +335,9 @@ async fn main() {
         );
         medians.push(med);
     }
+    if stepped {
+        print_steps(&PATHS, by_step);
+    }
     if medians.len() == 2 {
         println!("\nthis build / {}, p50:", versions[1].name);
         for (p, path) in PATHS.iter().enumerate() {
@@ -300,4 +345,35 @@ async fn main() {
         }
     }
     drop(subscribers);
+}
+
+/// Each path's steps: the mean µs per call that ran it, and that less a checkpoint's own cost
+/// (the `(a checkpoint)` step's mean).
+fn print_steps(paths: &[&str], by_step: Vec<Vec<(String, Vec<f64>)>>) {
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!(
+        "\nwhere each call's time goes (BENCH_STEPS; the SLOWLOG times above include the \
+         checkpoints): mean µs per step, and net of a checkpoint's own cost"
+    );
+    for (path, found) in paths.iter().zip(by_step) {
+        let cost = found
+            .iter()
+            .find(|(s, _)| s == "(a checkpoint)")
+            .map_or(0.0, |(_, v)| mean(v));
+        println!("\n  {path} (a checkpoint: {cost:.1} µs)");
+        let mut net_sum = 0.0;
+        for (step, v) in found {
+            if step.starts_with("(the first") || step == "(a checkpoint)" {
+                continue;
+            }
+            let m = mean(&v);
+            let net = m - cost;
+            net_sum += net;
+            println!(
+                "    {step:<60} mean {m:>6.1}  net {net:>6.1}  (in {} calls)",
+                v.len()
+            );
+        }
+        println!("    {:<60} net {net_sum:>6.1}", "sum of the steps");
+    }
 }

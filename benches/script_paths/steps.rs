@@ -1,0 +1,203 @@
+//! `BENCH_STEPS=1`: where a script's time goes inside one call, step by step. Redis has no Lua
+//! profiler and perf sees only the interpreter's C functions, so the scripts are run with
+//! checkpoints: a local `STEP(name)` that appends `<name> <Redis TIME in µs>` to a list, put
+//! between the steps of the paths the contention bench runs most (a release that grants, a
+//! queueing attempt). A checkpoint costs a `TIME`, an `RPUSH` and a little Lua itself: the
+//! step `(a checkpoint)` (two checkpoints in a row, after a first one that warms up) measures
+//! that, and the table subtracts it from every step. `TIME` counts whole microseconds: the
+//! table gives means, which average that out over many calls, not medians.
+//!
+//! The checkpoints are placed by anchors, lines of the scripts they go before. When a script
+//! changes so that an anchor is gone (or appears twice), this panics and names it: move the
+//! anchor, it is a diagnostic's, not the protocol's.
+
+/// The list the checkpoints append to (the private server's; no key of the bench's).
+pub const LIST: &str = "bench:steps";
+
+/// The checkpoint function, and the first three checkpoints (the third one measures the cost of
+/// a checkpoint), put before the scripts' own text.
+const PRELUDE: &str = "local function STEP(name) local t = redis.call('TIME'); \
+redis.call('RPUSH', 'bench:steps', name .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2]))) end\n\
+STEP('') STEP('(the first checkpoint)') STEP('(a checkpoint)')\n";
+
+/// (anchor, step): `STEP(step)` goes before the anchor, which must occur exactly once in the
+/// composed script; `step` names what ran since the previous checkpoint.
+const COMMON: &[(&str, &str)] = &[
+    // lock.lua, `slow()`: what building the queue layer's functions and the lock's costs.
+    ("  local Q = queue(lock, q, pkey)\n", "(slow() called)"),
+    ("  local fns, rare_fns\n", "queue(): the queue layer's closures"),
+    // lock.lua, `hand`: a grant.
+    (
+        "    local f, old = next_fence(more, pending, px, fkey)\n",
+        "serve: the walk's verdict",
+    ),
+    (
+        "    if was_free then\n      local _, _, lapsed",
+        "hand: next fence (TIME, SET GET)",
+    ),
+    (
+        "    if tell then Q.grant(tell, pid, f, px, token) end\n",
+        "hand: SET the lock",
+    ),
+    (
+        "    -- ('!h' = pid, with the watchers.)\n    Q.watch(pid, px",
+        "hand: SPUBLISH the grant",
+    ),
+    (
+        "    -- (The hash may be new here: it gets an expiry either way.)\n",
+        "hand: the watchers' choice (all of watch)",
+    ),
+    ("    return f\n  end\n\n  -- The rarer paths", "hand: keep (PEXPIREs)"),
+    // lock.lua, `serve`.
+    (
+        "    local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)\n",
+        "serve: walking(): the walk group's closures",
+    ),
+    // queue.lua, `walk`: the first batch of heads.
+    (
+        "          local ms, n, pre = heads, #heads, nil\n",
+        "walk: ZRANGE of the first heads",
+    ),
+    (
+        "            -- (After the heads: the walk reads only those.)\n",
+        "walk: HMGET of their records and the watchers' fields",
+    ),
+    (
+        "        end\n        i = i + 1\n        return heads[i]\n",
+        "walk: the listeners and freshness of their processes (know)",
+    ),
+    (
+        "      local kept = ended and queue_writes == writes0\n",
+        "walk: the visit (parse, verdict)",
+    ),
+    (
+        "      local spent = from - (#heads - i) + extra\n      if budget then budget",
+        "walk: ZREM of those taken",
+    ),
+    // queue.lua, `know`.
+    (
+        "      local hows = {}\n      for k, how in pairs(listeners(live)) do",
+        "know: whom to ask (tables, members' pids)",
+    ),
+    (
+        "      for j, who in ipairs(ask) do known[who] = judge(recs[j], hows[j]) end\n",
+        "know: PUBSUB SHARDNUMSUB",
+    ),
+    // queue.lua, `watch`.
+    (
+        "      if #cur > 0 then\n        know({cur[1].m",
+        "watch: the current watchers parsed",
+    ),
+    (
+        "      local chosen, pids, tail_read = {}, {}, 0\n",
+        "watch: are they queued (ZMSCORE or the walk's read)",
+    ),
+    (
+        "      -- Written only where a field changes (a kept watcher",
+        "watch: pick (the queue's back read, parsed)",
+    ),
+    (
+        "      flush(writes, fresh)\n      if #gone > 0 then redis.call('HDEL', pkey",
+        "watch: the fields and 'w3' messages",
+    ),
+    (
+        "      -- (`kept`: the caller sets the hash's expiry after this.)\n      if #chosen > 0 and not kept",
+        "watch: flush (HSET)",
+    ),
+    // lock.lua, `enqueue`: a queueing attempt.
+    (
+        "    -- (The record is written with the watcher's field: `queued_reply`.)\n",
+        "(enqueue called)",
+    ),
+    ("    Q.add_member()\n    local old = redis.call('GET', fkey)\n", "enqueue: seen"),
+    (
+        "    local old = redis.call('GET', fkey)\n    local _, queued, pending = fence_parse(old)\n    local f = fence_flags(true, pending, old or false)\n",
+        "enqueue: ZADD, ZRANGE (add_member)",
+    ),
+    (
+        "    return Q.queued_reply(pttl, f, nil)\n",
+        "enqueue: GET the fence, its flags",
+    ),
+];
+
+/// The release script's own checkpoints (release.lua).
+const RELEASE: &[(&str, &str)] = &[
+    (
+        "local cur = redis.call('GET', KEYS[1])\nif not cur then\n  -- The lease ran out",
+        "prelude: queue.lua and lock.lua run",
+    ),
+    ("local L = slow()\n-- (The record", "GET the lock"),
+    ("L.seen(PID, true)\nreturn", "slow()"),
+    ("return {L.release_held(state)}", "seen (deferred write)"),
+];
+
+/// The acquire script's own checkpoints (acquire.lua).
+const ACQUIRE: &[(&str, &str)] = &[
+    (
+        "local lock = KEYS[1]\nlocal cur = redis.call('SET', lock, TAKEN",
+        "prelude: queue.lua and lock.lua run",
+    ),
+    (
+        "local L = slow()\nif state_of(cur) == TAKEN then",
+        "SET NX GET, PTTL",
+    ),
+    (
+        "if state_of(cur) == TAKEN then\n  -- The first waiter",
+        "slow()",
+    ),
+];
+
+/// Whole-statement replacements that put a checkpoint after a call whose result is returned.
+const ENDS: &[(&str, &str)] = &[
+    (
+        "return {L.release_held(state)}",
+        "local r = {L.release_held(state)}\nSTEP('release_held: serve, hand (all of it)')\nreturn r",
+    ),
+    (
+        "    return Q.queued_reply(pttl, f, nil)\n",
+        "    local r = Q.queued_reply(pttl, f, nil)\n    STEP('queued_reply: watching, the reply')\n    return r\n",
+    ),
+];
+
+fn once(src: &str, anchor: &str) -> usize {
+    let mut at = src.match_indices(anchor).map(|(i, _)| i);
+    match (at.next(), at.next()) {
+        (Some(i), None) => i,
+        (None, _) => panic!("BENCH_STEPS: anchor not found in the scripts: {anchor:?}"),
+        (Some(_), Some(_)) => panic!("BENCH_STEPS: anchor found twice: {anchor:?}"),
+    }
+}
+
+/// `src` (a composed lock script: queue.lua, lock.lua, then `acquire` or `release`) with the
+/// checkpoints.
+pub fn instrument(src: &str, release: bool) -> String {
+    let own = if release { RELEASE } else { ACQUIRE };
+    let mut out = src.to_owned();
+    for (anchor, step) in COMMON.iter().chain(own) {
+        let at = once(&out, anchor);
+        out.insert_str(at, &format!("STEP([[{step}]])\n"));
+    }
+    for (anchor, with) in ENDS {
+        if let Some(at) = out.find(anchor) {
+            once(&out, anchor);
+            out.replace_range(at..at + anchor.len(), with);
+        }
+    }
+    format!("{PRELUDE}{out}")
+}
+
+/// The steps of one call, from the list's entries (`<name> <µs>`, in order): (step, µs since
+/// the previous checkpoint).
+pub fn deltas(entries: &[String]) -> Vec<(String, f64)> {
+    let parsed: Vec<(String, f64)> = entries
+        .iter()
+        .filter_map(|e| {
+            let (name, t) = e.rsplit_once(' ')?;
+            Some((name.to_owned(), t.parse().ok()?))
+        })
+        .collect();
+    parsed
+        .windows(2)
+        .map(|w| (w[1].0.clone(), w[1].1 - w[0].1))
+        .collect()
+}
