@@ -10,9 +10,10 @@
 //! ```
 //!
 //! Paths: a take of a free key and its release, nobody queued (the uncontended pair); a release
-//! that grants to the head of a queue of 31 waiters over 4 listening processes, the old holder's
-//! queueing attempt behind the new one, and a watcher's look (the back waiter's attempt on the
-//! held key), the contention bench's 8 x 4 handoff without the clients. With
+//! that grants to the head of a queue of 31 waiters (`BENCH_WORKERS` - 1) over 4 listening
+//! processes, the old holder's queueing attempt behind the new one, and a watcher's look (the
+//! back waiter's attempt on the held key), the contention bench's 8 x 4 handoff without the
+//! clients (whose wait rooms keep about 7 in Redis' queue: `BENCH_WORKERS=9`). With
 //! `BENCH_SCRIPTS_FROM`, the scripts of that commit (`git show`) run on their own keys, each
 //! cycle calling both versions in turn, so that a noisy machine slows both alike.
 //!
@@ -30,7 +31,9 @@ use common::RedisServer;
 use std::collections::VecDeque;
 use waitlock::fred::prelude::*;
 
-/// Waiters in the queue, over this many processes (the contention bench's 8 x 4, less the holder).
+/// Waiters in the queue, over this many processes (the contention bench's 8 x 4, less the holder;
+/// `BENCH_WORKERS=<n>` for another number, 3 at least: the contention bench's wait rooms keep
+/// its Redis queue far shorter than its workers).
 const PROCESSES: usize = 4;
 const WORKERS: usize = 32;
 const TTL_MS: u64 = 10_000;
@@ -153,6 +156,14 @@ struct Queue {
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let cycles = if quick { 300 } else { 2_000 };
+    let workers = match std::env::var("BENCH_WORKERS") {
+        Ok(n) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n >= 3)
+            .unwrap_or_else(|| panic!("BENCH_WORKERS={n}: a number, 3 at least")),
+        Err(_) => WORKERS,
+    };
     // (`BENCH_STEPS`: this build's scripts with checkpoints, and each call's steps printed.)
     let stepped = std::env::var_os("BENCH_STEPS").is_some();
     assert!(
@@ -227,7 +238,7 @@ async fn main() {
     // Each version's queue: the first worker holds, the others queue behind it.
     let mut queues = Vec::new();
     for (v, (acq, _)) in versions.iter().zip(&shas) {
-        let ws: Vec<Waiter> = (0..WORKERS).map(waiter).collect();
+        let ws: Vec<Waiter> = (0..workers).map(waiter).collect();
         let (code, _) = timed(&c, Version::call(acq, &v.busy, &ws[0])).await;
         assert_eq!(code, 0, "{}: the first take", v.name);
         for w in &ws[1..] {
@@ -311,7 +322,7 @@ async fn main() {
     }
 
     println!(
-        "waitlock script paths: {cycles} cycles, {WORKERS} workers over {PROCESSES} processes, \
+        "waitlock script paths: {cycles} cycles, {workers} workers over {PROCESSES} processes, \
          Redis' time per call (SLOWLOG, µs) and commands per call (EVALSHA included)"
     );
     let stats = |v: &mut Vec<f64>| {
