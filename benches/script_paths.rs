@@ -13,7 +13,7 @@
 //! that grants to the head of a queue of 31 waiters (`BENCH_WORKERS` - 1) over 4 listening
 //! processes, the old holder's queueing attempt behind the new one, and a watcher's look (the
 //! back waiter's attempt on the held key), the contention bench's 8 x 4 handoff without the
-//! clients (whose wait rooms keep about 7 in Redis' queue: `BENCH_WORKERS=9`). With
+//! clients (whose wait rooms keep 6-7 in Redis' queue: `BENCH_WORKERS=8`). With
 //! `BENCH_SCRIPTS_FROM`, the scripts of that commit (`git show`) run on their own keys, each
 //! cycle calling both versions in turn, so that a noisy machine slows both alike.
 //!
@@ -257,8 +257,7 @@ async fn main() {
     let mut counted = vec![vec![0u64; PATHS.len()]; versions.len()];
     // Per path, each step and its times (µs), in the order first seen.
     let mut by_step: Vec<Vec<(String, Vec<f64>)>> = vec![Vec::new(); PATHS.len()];
-    let del_steps = vec!["DEL".to_owned(), steps::LIST.to_owned()];
-    custom(&c, del_steps.clone()).await;
+    steps::clear(&c).await;
     // (With steps, no counting pass: the checkpoints' commands would be counted.)
     let passes = [(cycles, false), (if stepped { 0 } else { 50 }, true)];
     for (n, counting) in passes {
@@ -293,25 +292,7 @@ async fn main() {
                         assert_eq!(got, want, "{}: {}", v.name, PATHS[p]);
                         times[vi][p].push(us as f64);
                         if stepped {
-                            let list = vec![
-                                "LRANGE".to_owned(),
-                                steps::LIST.to_owned(),
-                                "0".to_owned(),
-                                "-1".to_owned(),
-                            ];
-                            let entries: Vec<String> =
-                                custom(&c, list).await.convert().expect("the steps");
-                            custom(&c, del_steps.clone()).await;
-                            for (step, us) in steps::deltas(&entries) {
-                                let at = match by_step[p].iter().position(|(s, _)| *s == step) {
-                                    Some(at) => at,
-                                    None => {
-                                        by_step[p].push((step, Vec::new()));
-                                        by_step[p].len() - 1
-                                    }
-                                };
-                                by_step[p][at].1.push(us);
-                            }
+                            steps::record(&c, &mut by_step[p]).await;
                         }
                     }
                 }
@@ -347,7 +328,7 @@ async fn main() {
         medians.push(med);
     }
     if stepped {
-        print_steps(&PATHS, by_step);
+        steps::print(&PATHS, by_step);
     }
     if medians.len() == 2 {
         println!("\nthis build / {}, p50:", versions[1].name);
@@ -356,35 +337,4 @@ async fn main() {
         }
     }
     drop(subscribers);
-}
-
-/// Each path's steps: the mean µs per call that ran it, and that less a checkpoint's own cost
-/// (the `(a checkpoint)` step's mean).
-fn print_steps(paths: &[&str], by_step: Vec<Vec<(String, Vec<f64>)>>) {
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    println!(
-        "\nwhere each call's time goes (BENCH_STEPS; the SLOWLOG times above include the \
-         checkpoints): mean µs per step, and net of a checkpoint's own cost"
-    );
-    for (path, found) in paths.iter().zip(by_step) {
-        let cost = found
-            .iter()
-            .find(|(s, _)| s == "(a checkpoint)")
-            .map_or(0.0, |(_, v)| mean(v));
-        println!("\n  {path} (a checkpoint: {cost:.1} µs)");
-        let mut net_sum = 0.0;
-        for (step, v) in found {
-            if step.starts_with("(the first") || step == "(a checkpoint)" {
-                continue;
-            }
-            let m = mean(&v);
-            let net = m - cost;
-            net_sum += net;
-            println!(
-                "    {step:<60} mean {m:>6.1}  net {net:>6.1}  (in {} calls)",
-                v.len()
-            );
-        }
-        println!("    {:<60} net {net_sum:>6.1}", "sum of the steps");
-    }
 }

@@ -20,6 +20,9 @@ const PRELUDE: &str = "local function STEP(name) local t = redis.call('TIME'); \
 redis.call('RPUSH', 'bench:steps', name .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2]))) end\n\
 STEP('') STEP('(the first checkpoint)') STEP('(a checkpoint)')\n";
 
+use crate::common::scripts::run;
+use waitlock::fred::prelude::*;
+
 /// (anchor, step): `STEP(step)` goes before the anchor, which must occur exactly once in the
 /// composed script; `step` names what ran since the previous checkpoint.
 const COMMON: &[(&str, &str)] = &[
@@ -186,9 +189,28 @@ pub fn instrument(src: &str, release: bool) -> String {
     format!("{PRELUDE}{out}")
 }
 
+/// Empties the list (what the setup's calls left).
+pub async fn clear(c: &Client) {
+    run(c, vec!["DEL".to_owned(), LIST.to_owned()]).await;
+}
+
+/// Adds the steps of the call just made to `into` (each step and its times, in the order first
+/// seen), and empties the list.
+pub async fn record(c: &Client, into: &mut Vec<(String, Vec<f64>)>) {
+    let words = ["LRANGE", LIST, "0", "-1"].map(str::to_owned).to_vec();
+    let entries: Vec<String> = run(c, words).await.convert().expect("the steps");
+    clear(c).await;
+    for (step, us) in deltas(&entries) {
+        match into.iter_mut().find(|(s, _)| *s == step) {
+            Some((_, times)) => times.push(us),
+            None => into.push((step, vec![us])),
+        }
+    }
+}
+
 /// The steps of one call, from the list's entries (`<name> <µs>`, in order): (step, µs since
 /// the previous checkpoint).
-pub fn deltas(entries: &[String]) -> Vec<(String, f64)> {
+fn deltas(entries: &[String]) -> Vec<(String, f64)> {
     let parsed: Vec<(String, f64)> = entries
         .iter()
         .filter_map(|e| {
@@ -200,4 +222,35 @@ pub fn deltas(entries: &[String]) -> Vec<(String, f64)> {
         .windows(2)
         .map(|w| (w[1].0.clone(), w[1].1 - w[0].1))
         .collect()
+}
+
+/// Each path's steps: the mean µs per call that ran it, and that less a checkpoint's own cost
+/// (the `(a checkpoint)` step's mean).
+pub fn print(paths: &[&str], by_step: Vec<Vec<(String, Vec<f64>)>>) {
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!(
+        "\nwhere each call's time goes (BENCH_STEPS; the SLOWLOG times above include the \
+         checkpoints): mean µs per step, and net of a checkpoint's own cost"
+    );
+    for (path, found) in paths.iter().zip(by_step) {
+        let cost = found
+            .iter()
+            .find(|(s, _)| s == "(a checkpoint)")
+            .map_or(0.0, |(_, v)| mean(v));
+        println!("\n  {path} (a checkpoint: {cost:.1} µs)");
+        let mut net_sum = 0.0;
+        for (step, v) in found {
+            if step.starts_with("(the first") || step == "(a checkpoint)" {
+                continue;
+            }
+            let m = mean(&v);
+            let net = m - cost;
+            net_sum += net;
+            println!(
+                "    {step:<60} mean {m:>6.1}  net {net:>6.1}  (in {} calls)",
+                v.len()
+            );
+        }
+        println!("    {:<60} net {net_sum:>6.1}", "sum of the steps");
+    }
 }
