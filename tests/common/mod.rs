@@ -29,7 +29,10 @@ pub(crate) fn binary() -> String {
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
+    /// This server's own directory (removed on drop): a subdirectory per try in it.
     dir: PathBuf,
+    /// The current try's directory: `--dir` and the log (kept across restarts).
+    data: PathBuf,
     paused: bool,
     /// Extra `redis-server` arguments (kept for restarts).
     extra: Vec<String>,
@@ -47,6 +50,25 @@ pub const WITHOUT_SHARDED_PUBSUB: [&str; 4] = [
     "--rename-command",
     "SPUBLISH",
 ];
+
+/// A new, empty directory under the temp dir, `<prefix>-<pid>-<n>`, unique by construction: `n`
+/// counts up in this process, and a name left by an earlier process with the same pid (pids
+/// are reused) is skipped, as `create_dir` refuses one that exists. (A port is no unique name:
+/// the OS can hand out the same free port twice, and two servers then shared one directory,
+/// a Cluster node refusing the other's `nodes.conf`.)
+pub(crate) fn unique_dir(prefix: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return dir,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("could not create the test directory {}: {e}", dir.display()),
+        }
+    }
+}
 
 pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -102,20 +124,17 @@ impl RedisServer {
     }
 
     fn start_run(program: &str, extra: &[&str], tls_only: bool) -> RedisServer {
-        let dir = std::env::temp_dir().join(format!(
-            "waitlock-test-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
+        let dir = unique_dir("waitlock-test");
         // A cluster node also listens on its port + 10,000 (the bus), so its port must be at most
         // 55,535 and that second port free too.
         let cluster = extra.contains(&"--cluster-enabled");
-        // One value across the tries: a failed try is killed, and the directory (its log and the
-        // others') stays until the server is dropped.
+        // Each try in a directory of its own (a failed try is killed; its log stays, for the
+        // message below, until the server is dropped): nothing one try wrote (a Cluster node's
+        // `nodes.conf`) is read by the next.
         let mut s = RedisServer {
             child: None,
             port: 0,
+            data: dir.clone(),
             dir,
             paused: false,
             extra: extra.iter().map(|a| a.to_string()).collect(),
@@ -123,7 +142,9 @@ impl RedisServer {
             program: program.to_owned(),
         };
         const TRIES: usize = 10;
-        for _ in 0..TRIES {
+        for attempt in 0..TRIES {
+            s.data = s.dir.join(format!("try-{attempt}"));
+            std::fs::create_dir(&s.data).expect("create the try's directory");
             s.port = if cluster {
                 free_cluster_port()
             } else {
@@ -135,9 +156,15 @@ impl RedisServer {
             s.kill();
         }
         let mut logs = String::new();
-        for entry in std::fs::read_dir(&s.dir).into_iter().flatten().flatten() {
-            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-            logs.push_str(&format!("--- {} ---\n{text}\n", entry.path().display()));
+        for attempt in 0..TRIES {
+            let data = s.dir.join(format!("try-{attempt}"));
+            for entry in std::fs::read_dir(&data).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    logs.push_str(&format!("--- {} ---\n{text}\n", path.display()));
+                }
+            }
         }
         panic!("redis-server did not start on a free port after {TRIES} tries:\n{logs}");
     }
@@ -145,7 +172,7 @@ impl RedisServer {
     /// Starts the process on `self.port`; true once its log says it accepts connections and it
     /// answers PING (a TLS-only server answers no plain-text PING: the log alone).
     fn spawn(&mut self) -> bool {
-        let log = self.dir.join(format!("redis-{}.log", self.port));
+        let log = self.data.join(format!("redis-{}.log", self.port));
         let port = self.port.to_string();
         // (`--tls-port` only where needed: a redis-server built without TLS does not know it.)
         let ports: Vec<&str> = if self.tls_only {
@@ -158,7 +185,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra)
             .arg("--dir")
-            .arg(&self.dir)
+            .arg(&self.data)
             .arg("--logfile")
             .arg(&log)
             .stdin(Stdio::null())
@@ -266,7 +293,7 @@ impl RedisServer {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join(format!("redis-{}.log", self.port)))
+        std::fs::read_to_string(self.data.join(format!("redis-{}.log", self.port)))
             .unwrap_or_default()
     }
 }

@@ -174,9 +174,7 @@ impl SentinelSet {
 fn spawn_sentinel(primary: u16) -> Sentinel {
     for _ in 0..5 {
         let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("waitlock-sentinel-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("sentinel dir");
+        let dir = super::unique_dir("waitlock-sentinel");
         let conf = dir.join("sentinel.conf");
         let mut f = std::fs::File::create(&conf).expect("sentinel.conf");
         writeln!(

@@ -47,13 +47,7 @@ const NEW_KEY: [&str; 5] = [
 impl Certs {
     /// Makes a fresh set (a few tens of milliseconds).
     pub fn generate() -> Certs {
-        let dir = std::env::temp_dir().join(format!(
-            "waitlock-tls-{}-{}",
-            std::process::id(),
-            super::free_port()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create cert dir");
+        let dir = super::unique_dir("waitlock-tls");
         let certs = Certs { dir };
         certs.make_ca("ca", "waitlock test CA");
         certs.make_ca("other-ca", "unrelated test CA");
