@@ -710,3 +710,93 @@ async fn a_queued_set_is_granted_in_one_call_with_one_message() {
     set.release().await.expect("release");
     nothing_left(&h, &["g-a", "g-b"]).await;
 }
+
+/// Review 3, finding 3: a key that a waiting set keeps free keeps its fence counter (and with
+/// it the hint that waiters are queued) as long as its queue. With the counter living only the
+/// last hold's TTL plus the retention (5ecc195), it expired first: a one-shot `acquire` then
+/// took the key past the queued set, and its release (a bare `DEL`) served nobody; the set
+/// stalled with both keys free until its deadline (15.7 s with a retention of 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let retention = Duration::from_secs(1);
+    let polling = || async {
+        Locker::connect(&url)
+            .await
+            .expect("connect")
+            .retention(retention)
+            .build()
+            .expect("polling locker")
+    };
+    let (h1, h2, x) = (polling().await, polling().await, polling().await);
+    let s = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .retention(retention)
+        .queued()
+        .build()
+        .await
+        .expect("queued locker");
+    let (a, b) = ("{kf}:a", "{kf}:b");
+    let ga = h1
+        .acquire(a, &LockOptions::new().with_ttl(Duration::from_secs(2)))
+        .await
+        .expect("h1 takes a");
+    let gb = h2
+        .acquire(b, &LockOptions::new().with_ttl(Duration::from_secs(30)))
+        .await
+        .expect("h2 takes b");
+    let waiting = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .with_ttl(Duration::from_secs(5))
+                .with_wait(Duration::from_secs(60));
+            s.acquire_many_wait(&[a, b], &opts).await
+        })
+    };
+    common::lock_queued(&s, a, 1).await.expect("the set queues on a");
+    common::lock_queued(&s, b, 1).await.expect("the set queues on b");
+    ga.release().await.expect("h1 releases a");
+    // a is left free for the set, which waits for b: the counter lives as long as the queue.
+    let admin = server.client().await;
+    let pttl = |name: String| {
+        let admin = admin.clone();
+        async move {
+            common::cmd::<i64>(&admin, "PTTL", vec![name.into()]).await
+        }
+    };
+    let (fence_life, queue_life) = (
+        pttl(common::fence_key(a)).await,
+        pttl(common::queue_key(a)).await,
+    );
+    assert!(
+        queue_life > 0 && fence_life >= queue_life - 1_000,
+        "a's fence lives {fence_life} ms, its queue {queue_life} ms"
+    );
+    // Past the last hold's TTL plus the retention (when the counter expired before): a's
+    // queue, and with it the set, still comes first.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert!(
+        pttl(common::fence_key(a)).await > 0,
+        "a's fence counter expired while its queue waits"
+    );
+    match x.acquire(a, &LockOptions::new()).await {
+        Err(Error::Locked { .. }) => {}
+        Err(e) => panic!("a one-shot acquire of a: {e}"),
+        Ok(g) => panic!(
+            "a one-shot acquire took a past the queued set (fence {})",
+            g.fence()
+        ),
+    }
+    let released = Instant::now();
+    gb.release().await.expect("h2 releases b");
+    let set = waiting.await.expect("task").expect("the set is granted");
+    println!(
+        "the set was granted {:?} after b's release",
+        released.elapsed()
+    );
+    set.release().await.expect("release");
+    nothing_left(&s, &[a, b]).await;
+}

@@ -180,14 +180,25 @@ local function slow(l)
 
     -- Whether set member `m` (the head of this key's queue, live) can be granted now: each of
     -- its other keys is free and has `m` at the head of its queue. (Only the head is read there:
-    -- a departed waiter ahead of it is found by a call on that key.)
+    -- a departed waiter ahead of it is found by a call on that key.) Second: `m` has departed
+    -- all the same: it is missing from another of its keys' queues, which is not reserved for
+    -- it. On a Cluster a walk that drops a departed set writes only the queues its call
+    -- declared, and a frozen process (it listens, it does not act) is marked lapsed only in
+    -- the hash of the key whose grant it let lapse; on its other keys it would head a queue,
+    -- never ready, for as long as it stays frozen (review 3, finding 2). It must queue again
+    -- at the back of every queue anyway (set_acquire.lua: one order of sets).
     local function set_ready(m)
       for _, l in ipairs(m.set) do
         if l ~= lock then
           local cur, failed = other('GET', l)
-          if cur or failed then return false end
-          local head = other('ZRANGE', l .. ':q', 0, 0)
-          if not head or head[1] ~= m.member then return false end
+          if failed then return false end
+          local lq = l .. ':q'
+          local head = other('ZRANGE', lq, 0, 0)
+          if not head then return false end
+          if head[1] ~= m.member then
+            return false, cur ~= RESERVED .. m.token and other('ZSCORE', lq, m.member) == false
+          end
+          if cur then return false end
         end
       end
       return true
@@ -293,11 +304,14 @@ local function slow(l)
     end
 
     -- The lock is free while a set at the head of its queue waits for its other keys: the fence
-    -- keeps saying waiters may be queued, there is no holder, and the watchers have no lease to
-    -- look at (NO_LEASE: the set's grant tells them the next one).
+    -- keeps saying waiters may be queued for as long as the queue lives (NO_LEASE plus the
+    -- retention, the queue's `keep`: the counter kept only the last hold's life, and expired
+    -- first, an attempt would take the key past the queue: review 3, finding 3), there is no
+    -- holder, and the watchers have no lease to look at (NO_LEASE: the set's grant, or their
+    -- look, which leaves it blocked again, tells them the next one).
     local function leave_blocked()
       redis.call('DEL', lock)
-      fence_flags(true, nil)
+      fence_flags(true, nil, nil, NO_LEASE)
       Q.watch('', NO_LEASE, nil, nil, nil, true, '')
       Q.keep(NO_LEASE)
     end
@@ -360,7 +374,9 @@ local function slow(l)
           return 'stop'
         end
         local S = rares()
-        if not S.ready(m) then
+        local ready, departed = S.ready(m)
+        if departed then return 'gone' end
+        if not ready then
           blocked = true
           return 'stop'
         end

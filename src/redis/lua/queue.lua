@@ -494,8 +494,9 @@ local function queue(key, q, pkey)
     -- other member, the caller's own too (`m.own`: `self`, or any member of `own_token`), with
     -- `m.pid`, `m.ttl`, `m.token`, `m.set` (and a set's `m.chan`), and `m.p` (`process(m)`, not for the
     -- caller's own) and answers 'take' (it leaves the queue and the walk goes on), 'last' (it
-    -- leaves and the walk ends), 'stop' (it stays and the walk ends) or nil (it stays and the
-    -- walk goes on). A malformed member is dropped. The members that leave go in one ZREM.
+    -- leaves and the walk ends), 'stop' (it stays and the walk ends), 'gone' (a set found
+    -- departed though its process listens: dropped as a gone one, and told 'd2') or nil (it
+    -- stays and the walk goes on). A malformed member is dropped. The members that leave go in one ZREM.
     -- Returns whether the walk ended by `visit`, whether it saw all the members it could (more
     -- may be left), how many left the queue, and whether members are left behind the last one
     -- it visited (nil: not known without asking).
@@ -571,6 +572,15 @@ local function queue(key, q, pkey)
               end
             else
               verdict = visit(m)
+              if verdict == 'gone' then
+                -- A set the visit found departed (missing from another of its queues: see
+                -- `set_ready`) though its process listens: dropped as a gone one is, and told,
+                -- so that it queues again (at the back of every queue) when it acts.
+                verdict = 'take'
+                extra = extra + #m.set - 1
+                publish(m.p.how, chan_of(m), 'd2')
+                fns.sets().gone(m)
+              end
             end
           end
         end
