@@ -534,6 +534,16 @@ impl<S: Strategy> Locker<S> {
                         Some(e) if wait => {
                             transient = e.is_transient().then_some(e);
                             must_wait = true;
+                            // What is kept ends at a slot boundary: the keys taken of the run
+                            // that failed (by an earlier call of a run over 256 keys, or an
+                            // earlier burst) are given back, and the run is waited for whole.
+                            // Kept, a set at once in that slot could need one of them while it
+                            // heads the queue of a key this waiter waits for: each would wait
+                            // for the other (review 3, finding 1).
+                            let start = self.run_start(keys, guards.len());
+                            if start < guards.len() {
+                                release_all(guards.split_off(start), false).await;
+                            }
                         }
                         Some(e) => {
                             release_all(guards, false).await;
@@ -676,6 +686,21 @@ impl<S: Strategy> Locker<S> {
             .iter()
             .position(|k| self.slot(k) != slot)
             .map_or(keys.len(), |p| from + p)
+    }
+
+    /// The start of the run of `keys` (see [`Self::run_end`]) that `at` is in.
+    fn run_start(&self, keys: &[String], at: usize) -> usize {
+        if !self.engine.clustered {
+            return 0;
+        }
+        if at >= keys.len() {
+            return at;
+        }
+        let slot = self.slot(&keys[at]);
+        keys[..at]
+            .iter()
+            .rposition(|k| self.slot(k) != slot)
+            .map_or(0, |p| p + 1)
     }
 
     /// Waits for `run` (keys of one node) as a whole, holding nothing of it while it waits: a

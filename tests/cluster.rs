@@ -1020,3 +1020,99 @@ async fn in_order_with_refresh_off_a_wait_longer_than_the_first_runs_ttl_ends_ex
     assert!(!status.held && status.queued == 0, "{status:?}");
     blocker.release().await.expect("release");
 }
+
+/// Two tags whose locks' slots differ, the first's slot before the second's (the in-order
+/// path's one order).
+fn two_ordered_tags(prefix: &str) -> (String, String) {
+    let slot_of = |tag: &str| {
+        waitlock::fred::util::redis_keyslot(common::lock_key(&format!("{{{tag}}}:x")).as_bytes())
+    };
+    let first = format!("{prefix}0");
+    for i in 1..1000 {
+        let tag = format!("{prefix}{i}");
+        if slot_of(&tag) > slot_of(&first) {
+            return (first, tag);
+        }
+    }
+    panic!("no tag with a slot after {first}'s");
+}
+
+/// Review 3, finding 1: in order, a slot's run of more than 256 keys takes more than one call;
+/// when a later call of the run fails, the keys the earlier calls took are given back, so that
+/// the waiter holds only earlier slots while it waits for the run as a whole. Kept (5ecc195),
+/// they deadlocked with a set waiting at once that needed one of them and headed the queue
+/// of the key the in-order waiter waited for: the blocking key stayed free 6.6 s, until the
+/// in-order waiter's deadline, and only then was the set granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_order_a_run_split_into_calls_is_given_back_whole_beside_a_set_at_once() {
+    let cluster = RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let (t0, t1) = two_ordered_tags("rs");
+    let k0 = format!("{{{t0}}}:k0");
+    // 257 keys in one slot: calls of 256 and 1.
+    let run: Vec<String> = (0..256).map(|i| format!("{{{t1}}}:a{i:03}")).collect();
+    let e = format!("{{{t1}}}:z");
+    let holder = polling(&url).await;
+    let held_e = holder
+        .acquire(&e, &LockOptions::new().with_ttl(Duration::from_secs(30)))
+        .await
+        .expect("hold e");
+    let x = polling(&url).await;
+    let mut x_keys = vec![k0.clone()];
+    x_keys.extend(run.iter().cloned());
+    x_keys.push(e.clone());
+    let x_task = {
+        let x_keys = x_keys.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .with_ttl(Duration::from_secs(10))
+                .with_wait(Duration::from_secs(30))
+                .with_ordered_sets()
+                .with_backoff(waitlock::Backoff::exponential(
+                    Duration::from_millis(5),
+                    Duration::from_millis(50),
+                ));
+            x.acquire_many_wait(&x_keys, &opts).await
+        })
+    };
+    // X's burst has run: the run's first key was taken (its fence counter exists).
+    let owner = cluster.owner(waitlock::fred::util::redis_keyslot(
+        common::lock_key(&run[0]).as_bytes(),
+    ));
+    let fence = common::fence_key(&run[0]);
+    common::eventually("X takes the run's first call", Duration::from_secs(30), || {
+        cli(owner, &["exists", &fence]).trim() == "1"
+    })
+    .await;
+    let y = common::queued_locker(&url).await;
+    let y_task = {
+        let (y, a, e) = (y.clone(), run[0].clone(), e.clone());
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .with_ttl(Duration::from_secs(10))
+                .with_wait(Duration::from_secs(60));
+            y.acquire_many_wait(&[a, e], &opts).await
+        })
+    };
+    common::lock_queued(&y, &e, 1).await.expect("Y queues on e");
+    let released = Instant::now();
+    held_e.release().await.expect("release e");
+    let y_set = y_task.await.expect("task").expect("Y is granted");
+    let after = released.elapsed();
+    assert!(
+        !x_task.is_finished(),
+        "Y was granted only after the in-order waiter ended ({after:?} after e's release): \
+         it kept part of the run it waited for; it ended with {:?}",
+        x_task.await.expect("task").map(|s| s.keys().count())
+    );
+    println!("the set at once was granted {after:?} after e's release");
+    y_set.release().await.expect("release Y");
+    let x_set = x_task.await.expect("task").expect("X takes its set after Y");
+    assert_eq!(x_set.keys().count(), x_keys.len());
+    x_set.release().await.expect("release X");
+    y.idle().await;
+    for key in [&run[0], &e, &k0] {
+        let status = y.status(key).await.expect("status");
+        assert!(!status.held && status.queued == 0, "{key}: {status:?}");
+    }
+}
