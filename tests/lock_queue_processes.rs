@@ -563,6 +563,75 @@ async fn a_wait_longer_than_the_retention_keeps_its_queue(url: &str) -> Result<S
     ))
 }
 
+/// Review 3, finding 2, on a 3-primary Cluster: set S {a, b} of a process that freezes (its
+/// connections stay up) heads b's queue while a is held; W_A waits on a, W_B on b. a's release
+/// reserves a for S (a call writes only the keys it declared), the reservation lapses, and
+/// W_A's look drops S from a's queue, marking its process lapsed in a's hash only. On b, S
+/// still heads the queue and listens, never ready: with nothing more, W_B waited as long as
+/// S's process stayed frozen (it timed out after 30 s, b free throughout). Now S, missing from
+/// a's queue, is judged departed on b: W_B holds b shortly after W_A holds a, and S, resumed,
+/// queues again and takes both keys.
+async fn a_frozen_set_waiter_on_a_cluster_holds_back_no_free_key() -> Result<String, String> {
+    let cluster = common::cluster::RedisCluster::start(3, 0);
+    let url = cluster.url();
+    let (a, b) = ("{fz}:a".to_owned(), "{fz}:b".to_owned());
+    let e = |e: Error| e.to_string();
+    let holder = Locker::connect(&url).await.map_err(e)?.build().map_err(e)?;
+    let held_a = holder
+        .acquire(&a, &LockOptions::new().with_ttl(Duration::from_secs(30)))
+        .await
+        .map_err(e)?;
+    let mut set_proc = worker("waiters", &url, &a, 10, 0, 10_000);
+    set_proc.expect("ready", Duration::from_secs(30)).await?;
+    set_proc.send(&format!("wait 1 {a},{b}"));
+    let (wa, wb) = (
+        common::queued_locker(&url).await,
+        common::queued_locker(&url).await,
+    );
+    common::lock_queued(&wa, &a, 1).await?;
+    common::lock_queued(&wa, &b, 1).await?;
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(5))
+        .with_wait(Duration::from_secs(30));
+    let wait_a = {
+        let (wa, a, opts) = (wa.clone(), a.clone(), opts.clone());
+        tokio::spawn(async move { wa.acquire_wait(&a, &opts).await })
+    };
+    let wait_b = {
+        let (wb, b, opts) = (wb.clone(), b.clone(), opts.clone());
+        tokio::spawn(async move { wb.acquire_wait(&b, &opts).await })
+    };
+    common::lock_queued(&wa, &a, 2).await?;
+    common::lock_queued(&wa, &b, 2).await?;
+    set_proc.signal("-STOP");
+    let released = Instant::now();
+    held_a.release().await.map_err(e)?;
+    let got_a = wait_a.await.map_err(|j| j.to_string())?.map_err(e)?;
+    let a_after = released.elapsed();
+    let got_b = wait_b
+        .await
+        .map_err(|j| j.to_string())?
+        .map_err(|err| format!("W_B, behind the frozen set on free key b: {err}"))?;
+    let b_after = released.elapsed();
+    got_a.release().await.map_err(e)?;
+    got_b.release().await.map_err(e)?;
+    set_proc.signal("-CONT");
+    set_proc.expect("ACQ 1", Duration::from_secs(60)).await?;
+    set_proc.expect("REL 1", Duration::from_secs(30)).await?;
+    set_proc.send("stop");
+    set_proc.expect("done", Duration::from_secs(30)).await?;
+    wa.idle().await;
+    for key in [&a, &b] {
+        let status = wa.status(key).await.map_err(e)?;
+        if status.held || status.queued > 0 {
+            return Err(format!("{key} left behind: {status:?}"));
+        }
+    }
+    Ok(format!(
+        "the set's process frozen: W_A held a {a_after:.2?} and W_B held b {b_after:.2?} after a's release"
+    ))
+}
+
 /// Two waiters of a process that froze before the release (longer ago than the presence
 /// window, 100 ms) and a live waiter behind them: the release gives the frozen one a short
 /// grant (the claim window), which lapses; the live waiter, told to watch the lock, holds it
@@ -965,6 +1034,11 @@ fn main() -> std::process::ExitCode {
         crashed_waiters(&url, 100),
     );
     r.run("frozen_grantee", limit, frozen_grantee(&url));
+    r.run(
+        "a_frozen_set_waiter_on_a_cluster_holds_back_no_free_key",
+        limit,
+        a_frozen_set_waiter_on_a_cluster_holds_back_no_free_key(),
+    );
     r.run(
         "a_waiter_taking_the_free_lock_chooses_the_watchers",
         limit,
