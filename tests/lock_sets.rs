@@ -800,3 +800,84 @@ async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
     set.release().await.expect("release");
     nothing_left(&s, &[a, b]).await;
 }
+
+/// Review 3, finding 3, its other door (found by the model, `Revert::FenceLifeInKeep`): a set
+/// that queues first on a free key (its other key held) gives that key's queue `NO_LEASE`
+/// plus the retention; the key's fence counter, which carries the hint that waiters are
+/// queued, must live as long. Written `KEEPTTL` (or, missing, started with the retention only),
+/// it expired first: a one-shot `acquire` then took the key past the queued set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let retention = Duration::from_secs(1);
+    let polling = || async {
+        Locker::connect(&url)
+            .await
+            .expect("connect")
+            .retention(retention)
+            .build()
+            .expect("polling locker")
+    };
+    let (h, x) = (polling().await, polling().await);
+    let s = Locker::connect(&url)
+        .await
+        .expect("connect")
+        .retention(retention)
+        .queued()
+        .build()
+        .await
+        .expect("queued locker");
+    let (a, b) = ("{kq}:a", "{kq}:b");
+    let gb = h
+        .acquire(b, &LockOptions::new().with_ttl(Duration::from_secs(30)))
+        .await
+        .expect("h takes b");
+    let waiting = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .with_ttl(Duration::from_secs(5))
+                .with_wait(Duration::from_secs(60));
+            s.acquire_many_wait(&[a, b], &opts).await
+        })
+    };
+    common::lock_queued(&s, a, 1).await.expect("the set queues on a");
+    common::lock_queued(&s, b, 1).await.expect("the set queues on b");
+    let admin = server.client().await;
+    let pttl = |name: String| {
+        let admin = admin.clone();
+        async move { common::cmd::<i64>(&admin, "PTTL", vec![name.into()]).await }
+    };
+    let (fence_life, queue_life) = (
+        pttl(common::fence_key(a)).await,
+        pttl(common::queue_key(a)).await,
+    );
+    assert!(
+        queue_life > 0 && fence_life >= queue_life - 1_000,
+        "a's fence lives {fence_life} ms, its queue {queue_life} ms"
+    );
+    // Past the retention (when the counter expired before): the set still comes first.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        pttl(common::fence_key(a)).await > 0,
+        "a's fence counter expired while its queue waits"
+    );
+    match x.acquire(a, &LockOptions::new()).await {
+        Err(Error::Locked { .. }) => {}
+        Err(e) => panic!("a one-shot acquire of a: {e}"),
+        Ok(g) => panic!(
+            "a one-shot acquire took a past the queued set (fence {})",
+            g.fence()
+        ),
+    }
+    let released = Instant::now();
+    gb.release().await.expect("h releases b");
+    let set = waiting.await.expect("task").expect("the set is granted");
+    println!(
+        "the set was granted {:?} after b's release",
+        released.elapsed()
+    );
+    set.release().await.expect("release");
+    nothing_left(&s, &[a, b]).await;
+}

@@ -207,16 +207,20 @@ for j = 1, n do
     K.held_by(string.match(holder_of(cur[j]), '^(%x+)/') or '')
   end
   local _, _, pending = fence_parse(fv[j])
-  local f = K.fence_flags(true, pending)
-  if j == 1 then f1 = f end
   local pttl = pttl_of(j)
+  local d = redis.call('ZCARD', KEYS[4 * j - 1])
+  -- A free key's new queue lives NO_LEASE plus the retention (below): its fence counter, the
+  -- 'q' hint that keeps one-shot calls off the key, as long (review 3, finding 3).
+  local px = nil
+  if d == 1 and pttl < 0 then px = NO_LEASE end
+  local f = K.fence_flags(true, pending, nil, px)
+  if j == 1 then f1 = f end
   if K.watching(pttl, nil) == 1 then
     watcher = 1
     local at = pttl
     if at < 0 then at = NO_LEASE end
     if not look or at < look then look = at end
   end
-  local d = redis.call('ZCARD', KEYS[4 * j - 1])
   -- A queue's first member gives it (and the processes hash) the lease plus the retention.
   if d == 1 then
     local life = pttl
