@@ -145,6 +145,59 @@ pub struct Cfg {
     /// Mutation: an in-order waiter waits for one key at a time, holding the keys of its slot
     /// before it (the path as first built; (S3) breaks beside a set waiting at once).
     pub by_key: bool,
+    /// Keys per `take_set.lua` call (`TAKE_SET_MAX`, 256 in the code) of an in-order waiter's
+    /// burst (`attempt_all`): the keys after a run it waited for are tried at once, a slot's
+    /// run in calls of at most this many keys, each call all or none and each its own step
+    /// (`Act::Call`, in any order), then the outcome settled (`Act::Settle`). A run of more
+    /// keys takes more calls.
+    pub call_max: usize,
+    /// Waiters whose process freezes while they wait (SIGSTOP, a long pause: its connections
+    /// stay up, so the scripts see it listening, but it takes no step), each resumed later
+    /// (`Act::Resume`) or never before the property is judged.
+    pub freezes: u8,
+    /// One fix of review 3 taken back: its finding's interleaving is then possible.
+    pub revert: Option<Revert>,
+}
+
+/// The fixes of review 3's findings 1-3, each as it was before (`Cfg::revert`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Revert {
+    /// Finding 1 (`src/lock_set.rs`, `take_in_order`): a call of a burst that fails keeps the
+    /// calls before it, even those of the very slot's run it is in (a run split into calls);
+    /// the rest of that run is then waited for, holding its first part (now: the keys taken of
+    /// that run are given back, what is kept ends at a slot boundary, and the whole run is
+    /// waited for).
+    SplitRun,
+    /// Finding 2 (`serve` in lock.lua): a set member at the head of a free key's queue that
+    /// is not ready stays there, whatever its other queues say (now: when it is missing from
+    /// the queue of another of its keys, and that key is not reserved for it, it is judged
+    /// departed on this key: dropped, as `gone_set` drops, and its process told `d2`).
+    FrozenSet,
+    /// Finding 3 (`leave_blocked` in lock.lua): a key a release leaves free for a set at the
+    /// head of its queue that is not ready keeps its fence counter's life (the last hold's
+    /// lease plus the retention), shorter than the queue's (`NO_LEASE` plus the retention), so
+    /// the counter, and its `q` hint, can expire first (now: `leave_blocked` gives the counter
+    /// the queue's life).
+    FenceLife,
+    /// Finding 3's other door, found by this model: a set queued first on a free key
+    /// (set_acquire.lua gives the new queue `NO_LEASE` plus the retention) wrote the fence's
+    /// `q` `KEEPTTL` (or started a missing counter with the retention only): the counter
+    /// expired first (now: it is given the queue's life there too).
+    FenceLifeInKeep,
+}
+
+/// A key's fence counter, the key that carries its `q` hint ("waiters may be queued"), beside
+/// its queue: the clock reduced to the order of the two expiries (`Cfg::revert`
+/// `FenceLife` only makes it anything but `Kept`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fence {
+    /// It expires no earlier than the queue (or the queue is empty).
+    Kept,
+    /// It expires before the queue (`Act::FenceExpires` may come).
+    Short,
+    /// It expired while the queue lives (or was written again without `q`): nothing says
+    /// waiters may be queued.
+    Gone,
 }
 
 impl Default for Cfg {
@@ -165,6 +218,9 @@ impl Default for Cfg {
             slots: [0; KEYS],
             in_order: Vec::new(),
             by_key: false,
+            call_max: KEYS,
+            freezes: 0,
+            revert: None,
         }
     }
 }
@@ -221,6 +277,27 @@ pub struct St {
     pub poll_served: bool,
     /// Ghost (`Cfg::cluster`): a set took its keys by its own claim of a reservation.
     pub claimed: bool,
+    /// In-order waiters' bursts (`Cfg::call_max`): the keys whose call ran in this burst.
+    pub called: Vec<u8>,
+    /// The keys whose call failed in this burst.
+    pub failed: Vec<u8>,
+    /// An in-order waiter whose burst failed: its next step waits for the run it stopped in.
+    pub must_wait: Vec<bool>,
+    /// Frozen processes (`Cfg::freezes`): they take no step; the scripts see them listening.
+    pub frozen: Vec<bool>,
+    /// A process told `d2` (its set was dropped from a queue): it makes its first call again
+    /// when it runs (`Act::Requeue`).
+    pub told: Vec<bool>,
+    pub freezes_left: u8,
+    /// Redis: each key's processes hash's lapse marks (`x`), as bits of waiters (one process
+    /// each): a reservation of this key lapsed unclaimed. A walk on this key judges a marked
+    /// process gone; on another key, only that key's mark counts.
+    pub marked: [u8; KEYS],
+    /// Redis: each key's fence counter against its queue (`Fence`).
+    pub fence: [Fence; KEYS],
+    /// Redis: a key taken in state `p` ("no waiters") past a queue whose hint had expired; its
+    /// release is a bare `DEL`, which serves nobody (a waiter queueing behind makes it `q`).
+    pub taken_free: [bool; KEYS],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -246,8 +323,24 @@ pub enum Act {
     Next(u8),
     /// A reservation of this key ends before its set took it (its process was slow, frozen or
     /// dead): a live set is dropped from the key's queue, told, and queues again at the back
-    /// of all of its queues; a look at the key is due.
+    /// of all of its queues; a look at the key is due. (A frozen set's: its process is marked
+    /// lapsed in this key's processes hash, and the look drops it from this key's queue.)
     Lapse(u8),
+    /// An in-order waiter's `take_set.lua` call in a burst (`Cfg::call_max`): the call of
+    /// the keys from this key (a chunk of one slot's run), all or none.
+    Call(u8, u8),
+    /// An in-order waiter's burst, every call answered and one failed, settled: the keys of
+    /// the calls after the first that failed given back (and, as fixed, those of its run
+    /// before it), then the run waited for.
+    Settle(u8),
+    /// The waiter's process freezes (`Cfg::freezes`).
+    Freeze(u8),
+    /// A frozen process runs again.
+    Resume(u8),
+    /// A set told `d2` makes its first call again (it queues at the back of every queue).
+    Requeue(u8),
+    /// This key's fence counter expires while its queue lives (`Revert::FenceLife` only).
+    FenceExpires(u8),
 }
 
 /// The model.
@@ -255,7 +348,7 @@ pub struct Sets {
     pub cfg: Cfg,
     /// Report only the first violation of each property (the shortest traces with BFS).
     pub first_only: bool,
-    latched: [AtomicBool; 5],
+    latched: [AtomicBool; 6],
 }
 
 impl Sets {
@@ -285,14 +378,212 @@ impl Sets {
         self.cfg.in_order.get(w as usize).copied().unwrap_or(false)
     }
 
+    fn reverted(&self, r: Revert) -> bool {
+        self.cfg.revert == Some(r)
+    }
+
+    fn bit(x: usize) -> u8 {
+        1 << x
+    }
+
+    /// Whether `k`'s fence says waiters may be queued (its `q` hint): a queue, and a fence
+    /// counter that did not expire before it.
+    fn hint(s: &St, k: usize) -> bool {
+        !s.queue[k].is_empty() && s.fence[k] != Fence::Gone
+    }
+
+    /// Whether a walk on `k` judges member `h` gone: nobody listens for its process (dead), or
+    /// its process is marked lapsed in `k`'s processes hash.
+    fn gone(s: &St, h: u8, k: usize) -> bool {
+        s.ph[h as usize] == Ph::Dead || s.marked[k] & Self::bit(h as usize) != 0
+    }
+
+    /// The fence of a key a call leaves free with a queue that it gives `NO_LEASE` plus the
+    /// retention (`leave_blocked`, or, `by_keep`, a set queued first on a free key): as long as
+    /// the queue's (the fix), or, reverted, shorter.
+    fn left_free(&self, by_keep: bool) -> Fence {
+        let reverted = if by_keep {
+            self.reverted(Revert::FenceLifeInKeep)
+        } else {
+            self.reverted(Revert::FenceLife)
+        };
+        if reverted {
+            Fence::Short
+        } else {
+            Fence::Kept
+        }
+    }
+
+    /// `w`'s keys in the in-order path's one order: by slot, then by key.
+    fn sorted(&self, w: u8) -> Vec<usize> {
+        let mut keys = self.keys(w).to_vec();
+        keys.sort_by_key(|&k| (self.cfg.slots[k], k));
+        keys
+    }
+
+    /// Whether in-order waiter `w` is in a burst (`Cfg::call_max`): a run taken, more keys
+    /// to take, not waiting for a run (in no queue, no reservation, not told `d2` while it
+    /// waited for one: it then queues for that run again), not told to wait.
+    fn in_burst(&self, s: &St, w: u8) -> bool {
+        let i = w as usize;
+        self.ordered(w)
+            && !self.cfg.by_key
+            && s.ph[i] == Ph::Waiting
+            && !s.frozen[i]
+            && !s.must_wait[i]
+            && !s.told[i]
+            && s.holder.contains(&Some(w))
+            && !s.queue.iter().any(|q| q.contains(&w))
+            && !s.reserved.contains(&Some(w))
+    }
+
+    /// The calls of `w`'s burst, in order: the keys it did not hold when the burst began (or
+    /// took by its calls), each slot's run in chunks of `Cfg::call_max` keys.
+    fn calls(&self, s: &St, w: u8) -> Vec<Vec<usize>> {
+        let keys: Vec<usize> = self
+            .sorted(w)
+            .into_iter()
+            .filter(|&k| s.holder[k] != Some(w) || s.called[w as usize] & Self::bit(k) != 0)
+            .collect();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < keys.len() {
+            let slot = self.cfg.slots[keys[i]];
+            let end = i + keys[i..]
+                .iter()
+                .take_while(|&&k| self.cfg.slots[k] == slot)
+                .count();
+            out.extend(
+                keys[i..end]
+                    .chunks(self.cfg.call_max.max(1))
+                    .map(|c| c.to_vec()),
+            );
+            i = end;
+        }
+        out
+    }
+
+    fn mask(keys: &[usize]) -> u8 {
+        keys.iter().fold(0, |m, &k| m | Self::bit(k))
+    }
+
+    /// `keys`, held, let go: each freed; returns those to serve (a key taken in state `p` past
+    /// a queue is deleted only, a bare `DEL`, and serves nobody).
+    fn let_go(s: &mut St, keys: &[usize]) -> Vec<usize> {
+        let mut serve = Vec::new();
+        for &k in keys {
+            s.holder[k] = None;
+            if !std::mem::take(&mut s.taken_free[k]) {
+                serve.push(k);
+            }
+        }
+        serve
+    }
+
+    /// Whether member `h`, ahead of a live waiter in `k`'s queue, has departed as far as the
+    /// scripts can know: its process is marked lapsed in `k`'s hash, or it is a set missing
+    /// from the queue of another key of its run, that key not reserved for it (it must queue
+    /// again: one order of sets).
+    /// (A dead member ahead is not counted: a call that reaches it drops it, and until then
+    /// it is the cost of a process that dies, which (S5) and (S6) bound.)
+    fn departed(&self, s: &St, h: u8, k: usize) -> bool {
+        s.ph[h as usize] != Ph::Dead
+            && (s.marked[k] & Self::bit(h as usize) != 0
+                || self
+                    .run(s, h)
+                    .iter()
+                    .any(|&j| j != k && !s.queue[j].contains(&h) && s.reserved[j] != Some(h)))
+    }
+
+    /// (S8): live waiter `w` waits on free keys whose queues have only departed members (see
+    /// `departed`) ahead of it, at least one, and no look due at any of them.
+    fn held_back(&self, s: &St, w: u8) -> bool {
+        let i = w as usize;
+        if self.cfg.rule != Rule::AllAtOnce
+            || s.ph[i] != Ph::Waiting
+            || s.frozen[i]
+            || self.polls(w)
+        {
+            return false;
+        }
+        let run = self.run(s, w);
+        let mut behind = false;
+        for &k in &run {
+            if !Self::free(s, k, w) || s.lapsed[k] {
+                return false;
+            }
+            let Some(at) = s.queue[k].iter().position(|&x| x == w) else {
+                return false;
+            };
+            if !s.queue[k][..at].iter().all(|&h| self.departed(s, h, k)) {
+                return false;
+            }
+            behind |= at > 0;
+        }
+        behind
+    }
+
+    /// Clears what no longer matters (a smaller state space; none of it is read again).
+    fn tidy(&self, s: &mut St) {
+        for i in 0..s.ph.len() {
+            if !matches!(s.ph[i], Ph::Waiting | Ph::Holding) {
+                s.frozen[i] = false;
+            }
+            if s.ph[i] != Ph::Waiting {
+                s.called[i] = 0;
+                s.failed[i] = 0;
+                s.must_wait[i] = false;
+                s.told[i] = false;
+            }
+        }
+        for k in 0..KEYS {
+            if s.queue[k].is_empty() {
+                s.fence[k] = Fence::Kept;
+                s.taken_free[k] = false;
+            }
+            // (a mark matters while its set is in this key's queue)
+            let mut m = 0;
+            for &h in &s.queue[k] {
+                if s.ph[h as usize] == Ph::Waiting {
+                    m |= Self::bit(h as usize);
+                }
+            }
+            s.marked[k] &= m;
+        }
+    }
+
+    /// Set `h`, told `d2` (or its reservation lapsed, live), makes its first call again: out of
+    /// every queue (serving the free keys whose queue it headed) and queued at the back of
+    /// each, or its keys taken if nobody waits (set_acquire.lua: a set missing from one of its
+    /// queues leaves them all first).
+    fn requeue(&self, n: &mut St, h: u8) {
+        let keys = self.keys(h).to_vec();
+        let headed: Vec<usize> = keys
+            .iter()
+            .copied()
+            .filter(|&j| n.queue[j].first() == Some(&h))
+            .collect();
+        // (Out of every queue it lost its place: it waits again as a new waiter, FIFO from
+        // there, as a frozen one-key waiter's process does: told, it makes its first call
+        // again.)
+        for q in n.queue.iter_mut() {
+            q.retain(|&x| x != h);
+        }
+        n.seq[h as usize] = n.next_seq;
+        n.next_seq += 1;
+        for &j in &headed {
+            self.serve_key(n, j, &keys);
+        }
+        self.attempt(n, h);
+    }
+
     /// The keys `w` waits for now (`Rule::AllAtOnce`): its whole set, or, in order, its first
     /// run (keys of one slot, by slot then key; with `by_key`, one key) not held yet.
     fn run(&self, s: &St, w: u8) -> Vec<usize> {
         if !self.ordered(w) {
             return self.keys(w).to_vec();
         }
-        let mut keys = self.keys(w).to_vec();
-        keys.sort_by_key(|&k| (self.cfg.slots[k], k));
+        let keys = self.sorted(w);
         let Some(first) = keys.iter().position(|&k| s.holder[k] != Some(w)) else {
             return Vec::new();
         };
@@ -315,20 +606,17 @@ impl Sets {
         let free = |s: &St, k: usize| {
             s.holder[k].is_none()
                 && s.reserved[k].is_none()
-                && (self.cfg.poll_ignores_queues || s.queue[k].is_empty())
+                && (self.cfg.poll_ignores_queues || !Self::hint(s, k))
         };
         if keys.iter().all(|&k| free(s, k)) {
             for &k in &keys {
-                if s.queue[k].iter().any(|&v| s.ph[v as usize] == Ph::Waiting) {
-                    s.poll_passed = true;
-                }
-                self.take(s, w, k);
+                self.take_free(s, w, k);
             }
             return;
         }
         if let Some(&k) = keys
             .iter()
-            .find(|&&k| s.holder[k].is_none() && !s.queue[k].is_empty())
+            .find(|&&k| s.holder[k].is_none() && Self::hint(s, k))
         {
             self.serve(s, &[k]);
             s.poll_served = true;
@@ -344,6 +632,22 @@ impl Sets {
         t != *s
     }
 
+    /// `w` takes `k` by a one-shot call (take_set.lua, acquire.lua), which read no `q` hint:
+    /// state `p`. A queue it passes (its hint expired, or the mutation ignores it) stays, and
+    /// the key keeps no hint of it.
+    fn take_free(&self, s: &mut St, w: u8, k: usize) {
+        let passed = !s.queue[k].is_empty();
+        if s.queue[k].iter().any(|&v| s.ph[v as usize] == Ph::Waiting) {
+            s.poll_passed = true;
+        }
+        let fence = s.fence[k];
+        self.take(s, w, k);
+        if passed {
+            s.taken_free[k] = true;
+            s.fence[k] = fence;
+        }
+    }
+
     fn overlap(&self, a: u8, b: u8) -> bool {
         self.keys(a).iter().any(|k| self.keys(b).contains(k))
     }
@@ -353,6 +657,9 @@ impl Sets {
     fn take(&self, s: &mut St, w: u8, k: usize) {
         s.holder[k] = Some(w);
         s.reserved[k] = None;
+        // (a hold writes the fence counter with its lease, and the queue's life with it)
+        s.fence[k] = Fence::Kept;
+        s.taken_free[k] = false;
         // (a set leaves every queue at once; one key's turn leaves that key's; a poller has none)
         for (j, q) in s.queue.iter_mut().enumerate() {
             if self.cfg.rule == Rule::AllAtOnce || j == k {
@@ -364,10 +671,13 @@ impl Sets {
             // (FIFO is among queued sets: a polling set has no place in any queue, and is
             // held to (S7) instead)
             // (and among sets waiting at once: one taken in order is FIFO per run)
+            // (a set dropped from a queue and told `d2` has lost its place: it queues again as
+            // a new waiter)
             let older_waits = !self.polls(w)
                 && !self.ordered(w)
                 && (0..s.ph.len() as u8).any(|v| {
                     s.ph[v as usize] == Ph::Waiting
+                        && !s.told[v as usize]
                         && !self.polls(v)
                         && !self.ordered(v)
                         && s.seq[v as usize] < s.seq[w as usize]
@@ -409,8 +719,12 @@ impl Sets {
     /// else it queues in each, at the back.
     fn attempt(&self, n: &mut St, w: u8) {
         let keys = self.run(n, w);
+        // (`seen`: its process's record on each key is written, a lapse mark with it)
         for &k in &keys {
-            if n.holder[k].is_none() && !n.queue[k].is_empty() {
+            n.marked[k] &= !Self::bit(w as usize);
+        }
+        for &k in &keys {
+            if n.holder[k].is_none() && Self::hint(n, k) {
                 self.serve_key(n, k, &keys);
             }
         }
@@ -423,7 +737,19 @@ impl Sets {
             }
         } else {
             for &k in &keys {
+                let first = n.queue[k].is_empty();
                 n.queue[k].push(w);
+                // (a lock taken free becomes 'q' with a waiter behind it)
+                n.taken_free[k] = false;
+                // (the fence's 'q' written again, KEEPTTL or, gone, with the retention; a first
+                // member on a free key gives the queue NO_LEASE plus the retention)
+                let free = n.holder[k].is_none() && n.reserved[k].is_none();
+                if n.fence[k] == Fence::Gone {
+                    n.fence[k] = Fence::Short;
+                }
+                if first && free {
+                    n.fence[k] = self.left_free(true);
+                }
             }
         }
     }
@@ -435,7 +761,11 @@ impl Sets {
             return;
         }
         while let Some(&h) = s.queue[k].first() {
-            if s.ph[h as usize] == Ph::Dead {
+            if Self::gone(s, h, k) {
+                // (a lapsed process that listens is told `d2`)
+                if s.ph[h as usize] != Ph::Dead {
+                    s.told[h as usize] = true;
+                }
                 self.drop_departed(s, h, k, declared);
                 continue;
             }
@@ -446,12 +776,27 @@ impl Sets {
             if ready {
                 if self.cfg.cluster && !run.iter().all(|j| declared.contains(j)) {
                     s.reserved[k] = Some(h);
+                    s.fence[k] = Fence::Kept;
                     return;
                 }
                 for &j in &run {
                     self.take(s, h, j);
                 }
+                return;
             }
+            // (the fix of review 3's finding 2: a set missing from the queue of another of its
+            // keys, not reserved for it there, has departed: dropped here, as `gone_set`
+            // drops, and told `d2`; it queues again at the back of every queue)
+            let out_of_one = run
+                .iter()
+                .any(|&j| j != k && !s.queue[j].contains(&h) && s.reserved[j] != Some(h));
+            if out_of_one && !self.reverted(Revert::FrozenSet) {
+                s.told[h as usize] = true;
+                self.drop_departed(s, h, k, declared);
+                continue;
+            }
+            // (`leave_blocked`)
+            s.fence[k] = self.left_free(false);
             return;
         }
     }
@@ -589,12 +934,25 @@ impl Model for Sets {
             poll_passed: false,
             poll_served: false,
             claimed: false,
+            called: vec![0; n],
+            failed: vec![0; n],
+            must_wait: vec![false; n],
+            frozen: vec![false; n],
+            told: vec![false; n],
+            freezes_left: self.cfg.freezes,
+            marked: [0; KEYS],
+            fence: [Fence::Kept; KEYS],
+            taken_free: [false; KEYS],
         }]
     }
 
     fn actions(&self, s: &St, out: &mut Vec<Act>) {
         for (w, p) in s.ph.iter().enumerate() {
             let w = w as u8;
+            if s.frozen[w as usize] {
+                out.push(Act::Resume(w));
+                continue;
+            }
             match p {
                 Ph::Idle => out.push(Act::Start(w)),
                 Ph::Waiting => {
@@ -609,6 +967,12 @@ impl Model for Sets {
                     }
                     if s.leaves_left > 0 {
                         out.push(Act::Leave(w));
+                    }
+                    if s.freezes_left > 0 {
+                        out.push(Act::Freeze(w));
+                    }
+                    if s.told[w as usize] {
+                        out.push(Act::Requeue(w));
                     }
                 }
                 Ph::Holding => {
@@ -632,24 +996,47 @@ impl Model for Sets {
                 out.push(Act::Look(k as u8));
             }
             if let Some(h) = s.reserved[k] {
-                if s.ph[h as usize] != Ph::Waiting || s.lapses_left > 0 {
+                let h = h as usize;
+                if s.ph[h] != Ph::Waiting || s.frozen[h] || s.lapses_left > 0 {
                     out.push(Act::Lapse(k as u8));
                 }
+            }
+            if s.fence[k] == Fence::Short
+                && s.holder[k].is_none()
+                && s.reserved[k].is_none()
+                && !s.queue[k].is_empty()
+            {
+                out.push(Act::FenceExpires(k as u8));
             }
         }
         for (w, p) in s.ph.iter().enumerate() {
             let w = w as u8;
-            if *p != Ph::Waiting {
+            if *p != Ph::Waiting || s.frozen[w as usize] {
                 continue;
             }
             if s.reserved.contains(&Some(w)) {
                 out.push(Act::Claim(w));
             }
+            // (waiting for its next run: each one with `by_key`, else after a burst failed)
             let between_runs = self.ordered(w)
+                && (self.cfg.by_key || s.must_wait[w as usize])
                 && s.holder.contains(&Some(w))
                 && !s.queue.iter().any(|q| q.contains(&w));
             if between_runs {
                 out.push(Act::Next(w));
+            }
+            if self.in_burst(s, w) {
+                let called = s.called[w as usize];
+                let mut all = true;
+                for c in self.calls(s, w) {
+                    if called & Self::mask(&c) == 0 {
+                        all = false;
+                        out.push(Act::Call(w, c[0] as u8));
+                    }
+                }
+                if all {
+                    out.push(Act::Settle(w));
+                }
             }
         }
     }
@@ -691,18 +1078,14 @@ impl Model for Sets {
                 n.ph[w as usize] = Ph::Done;
                 // (set_release.lua: every key let go first, then each one still free served)
                 let keys = self.held(&n, w);
-                for &k in &keys {
-                    n.holder[k] = None;
-                }
+                let keys = Self::let_go(&mut n, &keys);
                 self.serve(&mut n, &keys);
             }
             Act::Leave(w) => {
                 n.ph[w as usize] = Ph::Left;
                 n.leaves_left -= 1;
-                let mut keys = self.held(&n, w);
-                for &k in &keys {
-                    n.holder[k] = None;
-                }
+                let held = self.held(&n, w);
+                let mut keys = Self::let_go(&mut n, &held);
                 for k in 0..KEYS {
                     // (its reservations are given back with what it holds)
                     if n.reserved[k] == Some(w) {
@@ -714,7 +1097,10 @@ impl Model for Sets {
                         // only lose it)
                         let headed = n.queue[k].first() == Some(&w);
                         n.queue[k].retain(|&x| x != w);
-                        if (headed || self.cfg.rule != Rule::AllAtOnce) && !keys.contains(&k) {
+                        if (headed || self.cfg.rule != Rule::AllAtOnce)
+                            && !keys.contains(&k)
+                            && !held.contains(&k)
+                        {
                             keys.push(k);
                         }
                     }
@@ -722,13 +1108,81 @@ impl Model for Sets {
                 let declared = self.keys(w).to_vec();
                 self.serve_declared(&mut n, &keys, &declared);
             }
-            Act::Next(w) => self.attempt(&mut n, w),
+            Act::Next(w) => {
+                n.must_wait[w as usize] = false;
+                self.attempt(&mut n, w);
+            }
+            Act::Call(w, k0) => {
+                // (take_set.lua on one chunk: every key free with no 'q' hint, all taken; else
+                // nothing written, and a first such key free with waiters is served by the
+                // release call the implementation sends on it)
+                let i = w as usize;
+                let calls = self.calls(&n, w);
+                let chunk = calls.iter().find(|c| c[0] == k0 as usize)?.clone();
+                let takes = |n: &St, k: usize| {
+                    n.holder[k].is_none() && n.reserved[k].is_none() && !Self::hint(n, k)
+                };
+                if chunk.iter().all(|&k| takes(&n, k)) {
+                    n.called[i] |= Self::mask(&chunk);
+                    for &k in &chunk {
+                        self.take_free(&mut n, w, k);
+                    }
+                } else {
+                    n.called[i] |= Self::mask(&chunk);
+                    n.failed[i] |= Self::mask(&chunk);
+                    let k = *chunk.iter().find(|&&k| !takes(&n, k))?;
+                    if n.holder[k].is_none() && n.reserved[k].is_none() {
+                        self.serve(&mut n, &[k]);
+                    }
+                }
+                // (a burst whose every call took its keys: the set is held)
+                let all = Self::mask(&calls.concat());
+                if n.called[i] & all == all && n.failed[i] == 0 {
+                    n.called[i] = 0;
+                }
+            }
+            Act::Settle(w) => {
+                // (attempt_all: what the calls after the first that failed took is given back;
+                // take_in_order, as fixed: so is what is taken of the run it failed in)
+                let i = w as usize;
+                let calls = self.calls(&n, w);
+                let first = calls
+                    .iter()
+                    .position(|c| n.failed[i] & Self::mask(c) != 0)?;
+                let slot = self.cfg.slots[calls[first][0]];
+                let after = Self::mask(&calls[first + 1..].concat());
+                let give: Vec<usize> = (0..KEYS)
+                    .filter(|&k| n.holder[k] == Some(w))
+                    .filter(|&k| {
+                        after & Self::bit(k) != 0
+                            || (self.cfg.slots[k] == slot && !self.reverted(Revert::SplitRun))
+                    })
+                    .collect();
+                let keys = Self::let_go(&mut n, &give);
+                self.serve(&mut n, &keys);
+                n.called[i] = 0;
+                n.failed[i] = 0;
+                n.must_wait[i] = true;
+            }
+            Act::Freeze(w) => {
+                n.frozen[w as usize] = true;
+                n.freezes_left -= 1;
+            }
+            Act::Resume(w) => n.frozen[w as usize] = false,
+            Act::Requeue(w) => {
+                n.told[w as usize] = false;
+                self.requeue(&mut n, w);
+            }
+            Act::FenceExpires(k) => n.fence[k as usize] = Fence::Gone,
             Act::Claim(w) => {
                 // (set_acquire.lua, which names every key of the set: its free keys' queues
                 // served, then every key taken, or its reservations given back)
                 let keys = self.run(&n, w);
                 for &k in &keys {
-                    if n.holder[k].is_none() && n.reserved[k].is_none() && !n.queue[k].is_empty() {
+                    n.marked[k] &= !Self::bit(w as usize);
+                }
+                for &k in &keys {
+                    if n.holder[k].is_none() && n.reserved[k].is_none() && Self::hint(&n, k) {
                         self.serve_key(&mut n, k, &keys);
                     }
                 }
@@ -760,28 +1214,18 @@ impl Model for Sets {
                 if n.ph[h as usize] != Ph::Waiting {
                     // (dead: the look drops it)
                     n.lapsed[k] = !n.queue[k].is_empty();
+                } else if n.frozen[h as usize] {
+                    // (frozen: the watchers' look at the claim window's end finds the fence
+                    // naming its process as pending and marks it lapsed in `k`'s processes hash
+                    // only (`lapse`); that look's walk drops it from `k`'s queue, tells it `d2`,
+                    // and on a Cluster offers its other free keys only a look, `look_now`)
+                    n.marked[k] |= Self::bit(h as usize);
+                    n.lapsed[k] = !n.queue[k].is_empty();
                 } else {
                     // (its process is marked lapsed on `k`: the next call on `k` drops it from
                     // every queue, serving the free keys it headed, and tells it; it queues
                     // again at the back of each)
-                    let keys = self.keys(h).to_vec();
-                    let headed: Vec<usize> = keys
-                        .iter()
-                        .copied()
-                        .filter(|&j| n.queue[j].first() == Some(&h))
-                        .collect();
-                    // (Out of every queue it lost its place: it waits again as a new waiter,
-                    // FIFO from there, as a frozen one-key waiter's process does: told, it
-                    // makes its first call again.)
-                    for q in n.queue.iter_mut() {
-                        q.retain(|&x| x != h);
-                    }
-                    n.seq[h as usize] = n.next_seq;
-                    n.next_seq += 1;
-                    for &j in &headed {
-                        self.serve_key(&mut n, j, &keys);
-                    }
-                    self.attempt(&mut n, h);
+                    self.requeue(&mut n, h);
                     n.lapsed[k] = false;
                     n.lapses_left -= 1;
                 }
@@ -793,18 +1237,20 @@ impl Model for Sets {
                 let keys = self.held(&n, w);
                 for &k in &keys {
                     while let Some(&h) = n.queue[k].first() {
-                        if n.ph[h as usize] != Ph::Dead {
+                        if !Self::gone(&n, h, k) {
                             break;
+                        }
+                        if n.ph[h as usize] != Ph::Dead {
+                            n.told[h as usize] = true;
                         }
                         self.drop_departed(&mut n, h, k, &keys);
                         n.refresh_dropped = true;
                     }
                 }
-                if keys.iter().any(|&k| {
-                    n.queue[k]
-                        .first()
-                        .is_some_and(|&h| n.ph[h as usize] == Ph::Dead)
-                }) {
+                if keys
+                    .iter()
+                    .any(|&k| n.queue[k].first().is_some_and(|&h| Self::gone(&n, h, k)))
+                {
                     n.refresh_missed = true;
                 }
             }
@@ -834,6 +1280,7 @@ impl Model for Sets {
             }
             Act::Look(k) => self.serve(&mut n, &[k as usize]),
         }
+        self.tidy(&mut n);
         Some(n)
     }
 
@@ -916,6 +1363,39 @@ impl Model for Sets {
             Property::<Self>::sometimes(
                 "canary: a set takes its keys by its own claim of a reservation",
                 |_, s| s.claimed,
+            ),
+            Property::<Self>::always(
+                "(S8) no live waiter held back on free keys by departed sets only, past its look",
+                |m, s| {
+                    let ok = !(0..s.ph.len() as u8).any(|w| m.held_back(s, w));
+                    m.latch(5, ok)
+                },
+            ),
+            Property::<Self>::sometimes(
+                "canary: a burst's call fails while the waiter holds a key of that run",
+                |m, s| {
+                    (0..s.ph.len()).any(|w| {
+                        let f = s.failed[w];
+                        f != 0
+                            && (0..KEYS).any(|k| {
+                                s.holder[k] == Some(w as u8)
+                                    && (0..KEYS).any(|j| {
+                                        f & Self::bit(j) != 0 && m.cfg.slots[j] == m.cfg.slots[k]
+                                    })
+                            })
+                    })
+                },
+            ),
+            Property::<Self>::sometimes("canary: a frozen set marked lapsed on one key", |_, s| {
+                s.marked.iter().any(|&m| m != 0)
+            }),
+            Property::<Self>::sometimes(
+                "canary: a frozen set told d2 resumes and queues again",
+                |_, s| (0..s.ph.len()).any(|w| s.told[w] && !s.frozen[w] && s.ph[w] == Ph::Waiting),
+            ),
+            Property::<Self>::sometimes(
+                "canary: a fence's q hint expired while its queue lives",
+                |_, s| s.fence.contains(&Fence::Gone),
             ),
         ]
     }

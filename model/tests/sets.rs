@@ -4,7 +4,7 @@
 use stateright::{Checker, Model};
 use std::time::Instant;
 use waitlock_model::check::until_found;
-use waitlock_model::sets::{Cfg, Rule, Sets};
+use waitlock_model::sets::{Cfg, Revert, Rule, Sets};
 
 const S1: &str = "(S1) one holder per key, a holder holds its whole set";
 const S2: &str = "(S2) no set granted while an older overlapping set waits";
@@ -13,6 +13,7 @@ const S4: &str = "(S4) nothing left behind: every waiter ended, every key free, 
 const REFRESH: &str = "canary: a refresh drops a departed head";
 const S6: &str = "(S6) a refresh leaves no departed waiter at the head of its keys' queues";
 const S5: &str = "(S5) no live set left waiting that the rule grants, after any call";
+const S8: &str = "(S8) no live waiter held back on free keys by departed sets only, past its look";
 
 /// Checks `cfg` exhaustively (breadth first, 2 threads), prints its counts, and asserts that
 /// it finished with at least `min_unique` states (a run cut short would prove nothing).
@@ -40,7 +41,7 @@ fn explore(name: &str, cfg: Cfg, min_unique: usize) -> impl Checker<Sets> {
 /// waiters it held back there are served by that key's look).
 fn run(name: &str, cfg: Cfg, min_unique: usize, refresh_drops: bool) {
     let c = explore(name, cfg, min_unique);
-    for p in [S1, S2, S3, S4, S5, S6] {
+    for p in [S1, S2, S3, S4, S5, S6, S8] {
         assert!(c.discovery(p).is_none(), "{name}: {p}");
     }
     // (not `assert_properties`: it requires every `sometimes` canary, and the refresh one is
@@ -140,7 +141,7 @@ fn all_at_once_on_a_cluster_reserves_and_claims() {
         ),
     ] {
         let c = explore(name, cfg, min_unique);
-        for p in [S1, S2, S3, S4, S5, S6] {
+        for p in [S1, S2, S3, S4, S5, S6, S8] {
             assert!(c.discovery(p).is_none(), "{name}: {p}");
         }
         for canary in [
@@ -198,7 +199,7 @@ fn sets_in_order_by_runs_beside_sets_at_once() {
     ] {
         let name = format!("sets in order by runs beside sets at once, {name}");
         let c = explore(&name, cfg, min_unique);
-        for p in [S1, S2, S3, S4, S5, S6] {
+        for p in [S1, S2, S3, S4, S5, S6, S8] {
             assert!(c.discovery(p).is_none(), "{name}: {p}");
         }
         assert!(
@@ -291,7 +292,7 @@ fn sorted(cfg: Cfg, name: &str, min_unique: usize) {
         s.sort();
     }
     let c = explore(name, cfg, min_unique);
-    for p in [S1, S3, S4, S5, S6] {
+    for p in [S1, S3, S4, S5, S6, S8] {
         assert!(c.discovery(p).is_none(), "{name}: {p}");
     }
     assert!(
@@ -391,7 +392,7 @@ fn polling_sets_at_once_beside_queued_sets_in_order() {
     ] {
         let name = format!("sets, polling at once beside queued in order, {name}");
         let c = explore(&name, cfg, min_unique);
-        for p in [S1, S3, S4, S5, S6, S7] {
+        for p in [S1, S3, S4, S5, S6, S7, S8] {
             assert!(c.discovery(p).is_none(), "{name}: {p}");
         }
         for canary in [
@@ -411,4 +412,281 @@ fn polling_sets_at_once_beside_queued_sets_in_order() {
         ..base
     };
     assert!(shortest_with(naive, S7) > 0);
+}
+
+/// Checks each of `runs` exhaustively: every property holds, and every one of `canaries` is
+/// reached.
+fn all_hold(runs: Vec<(String, Cfg, usize)>, canaries: &[&'static str]) {
+    for (name, cfg, min_unique) in runs {
+        let c = explore(&name, cfg, min_unique);
+        for p in [S1, S2, S3, S4, S5, S6, S7, S8] {
+            assert!(c.discovery(p).is_none(), "{name}: {p}");
+        }
+        for canary in canaries {
+            assert!(c.discovery(canary).is_some(), "{name}: {canary}");
+        }
+    }
+}
+
+const EVERY_SET: &str = "canary: every set granted and released";
+
+/// Review 3, finding 1: the in-order path takes the runs after the one it waited for in a
+/// burst, each slot's run in `take_set` calls of at most `TAKE_SET_MAX` keys (here
+/// `call_max` 1: a run of two keys takes two calls, each its own step, in any order). X takes
+/// C (slot 0) then A,B (slot 1) in order; Y waits for A,B at once; H takes B alone.
+fn split_run() -> Cfg {
+    Cfg {
+        sets: vec![vec![0, 1, 2], vec![0, 1], vec![1]],
+        slots: [1, 1, 0],
+        in_order: vec![true, false, false],
+        call_max: 1,
+        deaths: 0,
+        leaves: 0,
+        refreshes: 0,
+        ..Cfg::default()
+    }
+}
+
+const SPLIT: &str = "canary: a burst's call fails while the waiter holds a key of that run";
+
+/// As fixed: a failed call gives back what was taken of its run, and the whole run is waited
+/// for at once, holding only earlier slots: every property holds, with faults and on a
+/// Cluster.
+#[test]
+fn run_split_into_calls_is_given_back_whole() {
+    all_hold(
+        vec![
+            (
+                "sets, a run split into calls, no faults".into(),
+                split_run(),
+                1,
+            ),
+            (
+                "sets, a run split into calls, 1 death + 1 leave + 1 refresh".into(),
+                Cfg {
+                    deaths: 1,
+                    leaves: 1,
+                    refreshes: 1,
+                    ..split_run()
+                },
+                1,
+            ),
+            (
+                "sets, a run split into calls, 2 deaths + 2 leaves".into(),
+                Cfg {
+                    deaths: 2,
+                    leaves: 2,
+                    ..split_run()
+                },
+                1,
+            ),
+            (
+                "sets, a run split into calls, two in order (C then A,B), one at once (A,B), one \
+                 key (B), 1 death + 1 leave + 1 refresh"
+                    .into(),
+                Cfg {
+                    sets: vec![vec![0, 1, 2], vec![0, 1], vec![1], vec![2, 1, 0]],
+                    in_order: vec![true, false, false, true],
+                    deaths: 1,
+                    leaves: 1,
+                    refreshes: 1,
+                    ..split_run()
+                },
+                1,
+            ),
+            (
+                "sets, a run split into calls, on a cluster, 1 death + 1 leave + 1 lapse".into(),
+                Cfg {
+                    cluster: true,
+                    deaths: 1,
+                    leaves: 1,
+                    ..split_run()
+                },
+                1,
+            ),
+        ],
+        &[EVERY_SET, SPLIT],
+    );
+}
+
+/// With the fix reverted (`Revert::SplitRun`): the calls before the failed one are kept, the
+/// first half of the very run it waits for; a set at once in that slot needs a kept key and
+/// heads the queue of the missing one: each waits for the other (S3).
+#[test]
+fn run_split_into_calls_kept_in_part_deadlocks() {
+    let cfg = Cfg {
+        revert: Some(Revert::SplitRun),
+        ..split_run()
+    };
+    assert_eq!(shortest_with(cfg, S3), 8);
+}
+
+const MARKED: &str = "canary: a frozen set marked lapsed on one key";
+const RESUMED: &str = "canary: a frozen set told d2 resumes and queues again";
+const EXPIRED: &str = "canary: a fence's q hint expired while its queue lives";
+
+/// Review 3, finding 2: on a Cluster, set A,B (in two slots) waits behind B's holder and heads
+/// A's queue, free; a one-key waiter on A queues behind it. B is released and reserved for the
+/// set, whose process is frozen (listening, acting not): the reservation lapses and marks it in
+/// B's processes hash only.
+fn frozen_set() -> Cfg {
+    Cfg {
+        cluster: true,
+        slots: [0, 1, 2],
+        sets: vec![vec![0, 1], vec![1], vec![0]],
+        freezes: 1,
+        lapses: 0,
+        deaths: 0,
+        leaves: 0,
+        refreshes: 0,
+        ..Cfg::default()
+    }
+}
+
+/// As fixed: a set at the head of a free key's queue that is missing from another of its
+/// queues (not reserved for it there) has departed: dropped, told `d2`, it queues again when
+/// it runs. Every property holds, with faults beside the freeze.
+#[test]
+fn a_frozen_set_on_a_cluster_holds_back_no_free_key() {
+    all_hold(
+        vec![
+            ("sets on a cluster, a frozen set".into(), frozen_set(), 200),
+            (
+                "sets on a cluster, a frozen set, 1 death + 1 leave + 1 refresh + 1 lapse".into(),
+                Cfg {
+                    deaths: 1,
+                    leaves: 1,
+                    refreshes: 1,
+                    lapses: 1,
+                    ..frozen_set()
+                },
+                1_000,
+            ),
+            (
+                "sets on a cluster, a frozen set, A,B and B,A and two one-key waiters, 1 death + \
+                 1 leave"
+                    .into(),
+                Cfg {
+                    sets: vec![vec![0, 1], vec![1], vec![0], vec![1, 0]],
+                    deaths: 1,
+                    leaves: 1,
+                    ..frozen_set()
+                },
+                1_000,
+            ),
+        ],
+        &[EVERY_SET, MARKED, RESUMED],
+    );
+}
+
+/// With the fix reverted (`Revert::FrozenSet`): the frozen set stays at the head of A's queue,
+/// never ready, never marked there; the live waiter behind it is held back on a free key (S8)
+/// for as long as the process stays frozen.
+#[test]
+fn a_frozen_set_reverted_holds_back_a_free_key() {
+    let cfg = Cfg {
+        revert: Some(Revert::FrozenSet),
+        ..frozen_set()
+    };
+    assert_eq!(shortest_with(cfg, S8), 7);
+}
+
+/// Review 3, finding 3: set A,B queues behind B's holder; a one-shot poller wants A. The clock
+/// is reduced to the order of two expiries: a fence counter that may expire before its queue
+/// (`Fence::Short`) does, at any step.
+fn fence_life() -> Cfg {
+    Cfg {
+        sets: vec![vec![0, 1], vec![1], vec![0]],
+        polling: vec![false, false, true],
+        deaths: 0,
+        leaves: 0,
+        refreshes: 0,
+        ..Cfg::default()
+    }
+}
+
+/// As fixed: a key left free with a queue (by `leave_blocked`, or a set queueing first on it)
+/// gives its fence counter the queue's life; every property holds, with faults.
+#[test]
+fn a_fence_counter_lives_as_long_as_its_queue() {
+    all_hold(
+        vec![
+            ("sets, a fence beside its queue".into(), fence_life(), 50),
+            (
+                "sets, a fence beside its queue, two pollers".into(),
+                Cfg {
+                    sets: vec![vec![0, 1], vec![1], vec![0], vec![0]],
+                    polling: vec![false, false, true, true],
+                    ..fence_life()
+                },
+                200,
+            ),
+            (
+                "sets, a fence beside its queue, A,B and B,A, one key each, a poller, 1 death + \
+                 1 leave + 1 refresh"
+                    .into(),
+                Cfg {
+                    sets: vec![vec![0, 1], vec![1], vec![0], vec![1, 0]],
+                    polling: vec![false, false, true, false],
+                    deaths: 1,
+                    leaves: 1,
+                    refreshes: 1,
+                    ..fence_life()
+                },
+                1_000,
+            ),
+        ],
+        &[EVERY_SET],
+    );
+}
+
+/// With the fix of `leave_blocked` reverted (review 3's finding): set A,B queues behind B's
+/// holder, first on A (free); a poller's attempt on A serves A's queue (the release call it
+/// sends), which leaves A free for the set by `leave_blocked`, with a counter shorter than the
+/// queue; it expires, and the poller's next attempt takes A past the queued set (S7); its
+/// release, a bare `DEL`, serves nobody: the set is left waiting with both keys free (S5).
+/// With the other door reverted (a set queued first on a free key), the same without the
+/// poller's first attempt.
+#[test]
+fn a_fence_counter_shorter_than_its_queue_lets_a_poller_pass() {
+    let cfg = |r| Cfg {
+        revert: Some(r),
+        sets: vec![vec![0, 1], vec![1], vec![0], vec![0]],
+        polling: vec![false, false, true, true],
+        ..fence_life()
+    };
+    assert_eq!(shortest_with(cfg(Revert::FenceLife), S7), 5);
+    assert_eq!(shortest_with(cfg(Revert::FenceLife), S5), 7);
+    assert_eq!(shortest_with(cfg(Revert::FenceLifeInKeep), S5), 6);
+    let c = explore("sets, a fence reverted", cfg(Revert::FenceLife), 50);
+    assert!(c.discovery(EXPIRED).is_some());
+}
+
+/// The three together: an in-order set whose run is split into calls, a set at once, a poller
+/// and a one-key waiter, on a Cluster, with a freeze, a death, a leave, a refresh and a lapse.
+#[test]
+fn calls_freezes_and_fences_together() {
+    all_hold(
+        vec![(
+            "sets, calls + a freeze + fences on a cluster, 1 death + 1 leave + 1 refresh + 1 \
+             lapse"
+                .into(),
+            Cfg {
+                sets: vec![vec![0, 1, 2], vec![0, 1], vec![1], vec![2]],
+                in_order: vec![true],
+                polling: vec![false, false, false, true],
+                slots: [1, 1, 0],
+                call_max: 1,
+                cluster: true,
+                freezes: 1,
+                deaths: 1,
+                leaves: 1,
+                refreshes: 1,
+                lapses: 1,
+                ..Cfg::default()
+            },
+            100_000,
+        )],
+        &[EVERY_SET, SPLIT, MARKED, RESUMED],
+    );
 }
