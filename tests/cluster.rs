@@ -1080,9 +1080,11 @@ async fn in_order_a_run_split_into_calls_is_given_back_whole_beside_a_set_at_onc
         common::lock_key(&run[0]).as_bytes(),
     ));
     let fence = common::fence_key(&run[0]);
-    common::eventually("X takes the run's first call", Duration::from_secs(30), || {
-        cli(owner, &["exists", &fence]).trim() == "1"
-    })
+    common::eventually(
+        "X takes the run's first call",
+        Duration::from_secs(30),
+        || cli(owner, &["exists", &fence]).trim() == "1",
+    )
     .await;
     let y = common::queued_locker(&url).await;
     let y_task = {
@@ -1107,7 +1109,10 @@ async fn in_order_a_run_split_into_calls_is_given_back_whole_beside_a_set_at_onc
     );
     println!("the set at once was granted {after:?} after e's release");
     y_set.release().await.expect("release Y");
-    let x_set = x_task.await.expect("task").expect("X takes its set after Y");
+    let x_set = x_task
+        .await
+        .expect("task")
+        .expect("X takes its set after Y");
     assert_eq!(x_set.keys().count(), x_keys.len());
     x_set.release().await.expect("release X");
     y.idle().await;

@@ -756,16 +756,18 @@ async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
             s.acquire_many_wait(&[a, b], &opts).await
         })
     };
-    common::lock_queued(&s, a, 1).await.expect("the set queues on a");
-    common::lock_queued(&s, b, 1).await.expect("the set queues on b");
+    common::lock_queued(&s, a, 1)
+        .await
+        .expect("the set queues on a");
+    common::lock_queued(&s, b, 1)
+        .await
+        .expect("the set queues on b");
     ga.release().await.expect("h1 releases a");
     // a is left free for the set, which waits for b: the counter lives as long as the queue.
     let admin = server.client().await;
     let pttl = |name: String| {
         let admin = admin.clone();
-        async move {
-            common::cmd::<i64>(&admin, "PTTL", vec![name.into()]).await
-        }
+        async move { common::cmd::<i64>(&admin, "PTTL", vec![name.into()]).await }
     };
     let (fence_life, queue_life) = (
         pttl(common::fence_key(a)).await,
@@ -842,8 +844,12 @@ async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue()
             s.acquire_many_wait(&[a, b], &opts).await
         })
     };
-    common::lock_queued(&s, a, 1).await.expect("the set queues on a");
-    common::lock_queued(&s, b, 1).await.expect("the set queues on b");
+    common::lock_queued(&s, a, 1)
+        .await
+        .expect("the set queues on a");
+    common::lock_queued(&s, b, 1)
+        .await
+        .expect("the set queues on b");
     let admin = server.client().await;
     let pttl = |name: String| {
         let admin = admin.clone();
