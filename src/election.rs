@@ -394,15 +394,11 @@ impl<S: Strategy> Reader<S> {
         mut changes: tokio::sync::broadcast::Receiver<fred::types::client::Invalidation>,
         mut retracked: watch::Receiver<u64>,
     ) {
-        let mut last_term = first.as_ref().map_or(0, |l| l.term);
-        let mut shown = first;
+        let mut shown = Shown::new(first);
         loop {
-            let backstop = shown
-                .as_ref()
-                .and_then(|l| l.lease_left)
-                .map_or(Duration::from_secs(30), |left| {
-                    (left + Duration::from_millis(50)).min(Duration::from_secs(30))
-                });
+            let backstop = shown.lease_left().map_or(Duration::from_secs(30), |left| {
+                (left + Duration::from_millis(50)).min(Duration::from_secs(30))
+            });
             tokio::select! {
                 _ = self.tx.closed() => {
                     // No receiver left: stop, unless one subscribed meanwhile.
@@ -437,20 +433,49 @@ impl<S: Strategy> Reader<S> {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            let show = match &now {
-                // An older reading than one shown.
-                Some(l) if l.term < last_term => false,
-                Some(l) => shown.as_ref().is_none_or(|s| s.term != l.term),
-                None => shown.is_some(),
-            };
-            if let Some(l) = &now {
-                last_term = last_term.max(l.term);
+            if let Some(send) = shown.reading(now) {
+                self.tx.send_replace(send);
             }
-            if show {
-                self.tx.send_replace(now.clone());
-            }
-            shown = now;
         }
+    }
+}
+
+/// What an observer has shown: the last reading sent, and the highest term read.
+struct Shown {
+    shown: Option<Leader>,
+    last_term: u64,
+}
+
+impl Shown {
+    fn new(first: Option<Leader>) -> Shown {
+        Shown {
+            last_term: first.as_ref().map_or(0, |l| l.term),
+            shown: first,
+        }
+    }
+
+    /// The lease left of the leader shown, which times the backstop reading.
+    fn lease_left(&self) -> Option<Duration> {
+        self.shown.as_ref().and_then(|l| l.lease_left)
+    }
+
+    /// Takes a reading: what to send, if anything. A reading older than one shown is skipped
+    /// whole, neither sent nor kept as the one shown (kept, the next reading of the newer term
+    /// would be sent again, and the backstop would time itself by the skipped one's lease:
+    /// review 3, finding 5). A new term, or no leader after one, is sent.
+    fn reading(&mut self, now: Option<Leader>) -> Option<Option<Leader>> {
+        if matches!(&now, Some(l) if l.term < self.last_term) {
+            return None;
+        }
+        let show = match &now {
+            Some(l) => self.shown.as_ref().is_none_or(|s| s.term != l.term),
+            None => self.shown.is_some(),
+        };
+        if let Some(l) = &now {
+            self.last_term = self.last_term.max(l.term);
+        }
+        self.shown = now.clone();
+        show.then_some(now)
     }
 }
 
@@ -576,5 +601,40 @@ mod tests {
         assert_eq!(leader_of("pother", 900, rec, 3_000_000), None);
         assert_eq!(leader_of("", -2, rec, 3_000_000), None);
         assert_eq!(record("7 t r "), Some((7, "t", true, "")));
+    }
+
+    fn leader(term: u64, lease_ms: u64) -> Leader {
+        Leader {
+            value: format!("v{term}"),
+            term,
+            leading_for: None,
+            lease_left: Some(Duration::from_millis(lease_ms)),
+            process_id: None,
+        }
+    }
+
+    /// Review 3, finding 5: a reading older than one shown (a read that raced a new term) is
+    /// skipped whole; the next reading of the newer term is not sent again, and the backstop
+    /// keeps the newer term's lease.
+    #[test]
+    fn an_older_reading_is_skipped_whole() {
+        let mut s = Shown::new(None);
+        assert_eq!(s.reading(Some(leader(5, 900))), Some(Some(leader(5, 900))));
+        assert_eq!(s.reading(Some(leader(5, 800))), None, "same term: not sent");
+        assert_eq!(s.reading(Some(leader(3, 50))), None, "older: skipped");
+        assert_eq!(s.lease_left(), Some(Duration::from_millis(800)));
+        assert_eq!(
+            s.reading(Some(leader(5, 700))),
+            None,
+            "the newer term, again: not sent"
+        );
+        assert_eq!(s.reading(None), Some(None), "no leader after one: sent");
+        assert_eq!(s.reading(None), None);
+        assert_eq!(
+            s.reading(Some(leader(4, 900))),
+            None,
+            "a term older than one seen"
+        );
+        assert_eq!(s.reading(Some(leader(7, 900))), Some(Some(leader(7, 900))));
     }
 }
