@@ -449,9 +449,12 @@ impl Refreshing {
                         Batched::Alone => alone.push(s),
                     }
                 }
-                for s in alone {
-                    self.alone(&engine, client, s).await;
-                }
+                // Together: one after another, the last would go out a round trip (or, behind
+                // a stalled call, a command timeout) per lease later, and could be judged lost
+                // at its deadline while it waited its turn (review 3, finding 4). They share
+                // one client, which keeps their order.
+                let extends = alone.into_iter().map(|s| self.alone(&engine, client, s));
+                crate::wait::set::join_all(extends.collect()).await;
             }
             Err(e) => {
                 let n = leases.len();

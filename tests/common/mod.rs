@@ -3,6 +3,7 @@
 
 pub mod alloc;
 pub mod cluster;
+pub mod latency;
 pub mod runner;
 pub mod scripts;
 pub mod sentinel;
