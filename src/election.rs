@@ -82,6 +82,8 @@ pub struct Leadership {
     guard: LockGuard,
     value: String,
     names: Names,
+    /// Stops the task that keeps the record alive (`keep_record`) when the leadership ends.
+    _record: tokio_util::sync::DropGuard,
 }
 
 impl std::fmt::Debug for Leadership {
@@ -251,8 +253,9 @@ impl<S: Strategy> Election<S> {
             key: self.names.key.clone(),
             reason: guard.loss().unwrap_or(crate::LossReason::TokenGone),
         };
+        let life = record_life(&engine, opts);
         let announced = engine
-            .announce(&self.names, guard.token(), guard.fence(), value)
+            .announce(&self.names, guard.token(), guard.fence(), value, life)
             .await;
         let previous = match announced {
             Ok(Some(previous)) => previous,
@@ -270,10 +273,24 @@ impl<S: Strategy> Election<S> {
                 _ = tokio::time::sleep(self.lock_delay) => {}
             }
         }
+        // A leader stopped (SIGSTOP, a pause) past its lease before it got here is not one.
+        if lost.is_cancelled() || guard.valid_until() <= Instant::now() {
+            return Err(expired(&guard));
+        }
+        let stop = CancellationToken::new();
+        tokio::spawn(keep_record(
+            Arc::downgrade(&engine),
+            self.names.clone(),
+            guard.token().to_owned(),
+            life,
+            stop.clone(),
+            lost,
+        ));
         Ok(Leadership {
             guard,
             value: value.to_owned(),
             names: self.names.clone(),
+            _record: stop.drop_guard(),
         })
     }
 
@@ -436,6 +453,39 @@ impl<S: Strategy> Reader<S> {
             if let Some(send) = shown.reading(now) {
                 self.tx.send_replace(send);
             }
+        }
+    }
+}
+
+/// How long a leader's record lives past each renewal: its lease plus the retention (a record
+/// of a leader that died goes then, as a fence counter does; review 3 found it kept forever).
+fn record_life(engine: &Engine, opts: &LockOptions) -> Duration {
+    engine.retention + opts.ttl()
+}
+
+/// Keeps a leader's record alive while it leads: renewed every quarter of the retention (at
+/// least every second), until the leadership ends (`stop`) or is lost. A failed renewal is
+/// tried again at the next; the record outlives a lost lease by the retention anyway.
+async fn keep_record(
+    engine: std::sync::Weak<Engine>,
+    names: Names,
+    token: String,
+    life: Duration,
+    stop: CancellationToken,
+    lost: CancellationToken,
+) {
+    let every = (life / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = lost.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        if let Err(e) = engine.keep_record(&names, &token, life).await {
+            tracing::debug!(key = %names.key, error = %e, "the leader's record was not renewed");
         }
     }
 }

@@ -238,3 +238,59 @@ async fn observers_follow_through_a_killed_connection_and_a_restart() {
     .expect("observing");
     third.resign().await.expect("resign");
 }
+
+/// Review 3: a leader that dies with nobody queued left its record (`{...}:leader`) with no
+/// expiry until someone led again. The record now lives the lease plus the retention past
+/// each renewal, renewed while the leader leads (here past two of its lives), and expires
+/// once the leadership is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_record_lives_while_it_leads_and_expires_after_it_is_lost() {
+    let server = RedisServer::start();
+    let retention = Duration::from_secs(1);
+    let locker = Locker::builder(server.client().await)
+        .retention(retention)
+        .queued()
+        .build()
+        .await
+        .expect("queued locker");
+    let admin = server.client().await;
+    let ttl = Duration::from_millis(600);
+    let life = (ttl + retention).as_millis() as i64;
+    let mut leader = locker
+        .election("rec")
+        .expect("election")
+        .campaign("me", &opts())
+        .await
+        .expect("leads");
+    let lost = leader.keep_alive();
+    let record = format!("{}:leader", common::lock_key("rec"));
+    let pttl = || {
+        let (admin, record) = (admin.clone(), record.clone());
+        async move { common::cmd::<i64>(&admin, "PTTL", vec![record.into()]).await }
+    };
+    let first = pttl().await;
+    assert!(
+        first > 0 && first <= life,
+        "the record lives {first} ms (its lease plus the retention: {life} ms)"
+    );
+    tokio::time::sleep(Duration::from_millis(2 * life as u64)).await;
+    assert!(!lost.is_cancelled(), "lost: {:?}", leader.loss());
+    let kept = pttl().await;
+    assert!(
+        kept > 0,
+        "the record of a leader that leads expired ({kept})"
+    );
+    // The lock gone behind it (as when its process dies): the leadership is lost, and the
+    // record expires a life later.
+    let _: i64 = common::cmd(&admin, "DEL", vec![common::lock_key("rec").into()]).await;
+    lost.cancelled().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pttl().await != -2 {
+        assert!(
+            Instant::now() < deadline,
+            "the record of a lost leader never expires"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(leader);
+}

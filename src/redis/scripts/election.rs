@@ -9,16 +9,23 @@ use fred::types::{FromValue, Value};
 
 impl Engine {
     /// Election: `token` (which holds `names`' lock, with fence `term`) makes the election's
-    /// record its own, with `value`. `Ok(None)`: the token no longer holds the lock;
-    /// `Ok(Some(previous record))` (empty when there was none).
+    /// record its own, with `value`, living `life` (see [`Engine::keep_record`]). `Ok(None)`:
+    /// the token no longer holds the lock; `Ok(Some(previous record))` (empty when there was
+    /// none).
     pub(crate) async fn announce(
         &self,
         names: &Names,
         token: &str,
         term: u64,
         value: &str,
+        life: std::time::Duration,
     ) -> Result<Option<String>> {
-        let args = vec![token.to_owned(), term.to_string(), value.to_owned()];
+        let args = vec![
+            token.to_owned(),
+            term.to_string(),
+            value.to_owned(),
+            ms(life).to_string(),
+        ];
         let client = self.backend.client_for(token);
         let reply: Vec<Value> = self
             .election_call(client, &self.scripts.announce, names, args)
@@ -27,6 +34,34 @@ impl Engine {
             [code, ..] if code.as_i64() == Some(0) => Ok(None),
             [code, prev] if code.as_i64() == Some(1) => Ok(Some(text(prev).unwrap_or_default())),
             _ => Err(unexpected(names, Op::Acquire, &[])),
+        }
+    }
+
+    /// Election: the leader's record lives `life` more (a leader keeps it alive while it
+    /// leads; one that dies leaves it to expire, its lease plus the retention later). A plain
+    /// `PEXPIRE`: a record rewritten by a newer leader meanwhile is kept alive by it anyway.
+    pub(crate) async fn keep_record(
+        &self,
+        names: &Names,
+        token: &str,
+        life: std::time::Duration,
+    ) -> Result<()> {
+        use fred::interfaces::KeysInterface;
+        let client = self.backend.client_for(token);
+        let life = i64::try_from(ms(life)).unwrap_or(i64::MAX);
+        let call = client.pexpire::<i64, _>(names.leader(), life, None);
+        match tokio::time::timeout(self.command_timeout, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(source)) => Err(crate::Error::Redis {
+                key: names.key.clone(),
+                op: Op::Extend,
+                source,
+            }),
+            Err(_) => Err(crate::Error::Timeout {
+                key: names.key.clone(),
+                op: Op::Extend,
+                after: self.command_timeout,
+            }),
         }
     }
 
