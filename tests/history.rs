@@ -292,13 +292,7 @@ async fn worker_with<S: Strategy>(locker: Locker<S>) {
                     rng.ms(1, 1500)
                 };
                 let careless = rng.below(8) == 0;
-                let opts = LockOptions::new()
-                    .with_ttl(TTL)
-                    .with_wait(wait)
-                    .with_backoff(Backoff::exponential(
-                        Duration::from_millis(2),
-                        Duration::from_millis(50),
-                    ));
+                let opts = waiting(wait);
                 let op = rng.below(100);
                 let called = now_ns();
                 let started = Instant::now();
@@ -466,6 +460,17 @@ async fn guard_hold(
     }
 }
 
+/// The options of a wait of `wait`: the TTL, a backoff of 2 to 50 ms (for a polling locker).
+fn waiting(wait: Duration) -> LockOptions {
+    LockOptions::new()
+        .with_ttl(TTL)
+        .with_wait(wait)
+        .with_backoff(Backoff::exponential(
+            Duration::from_millis(2),
+            Duration::from_millis(50),
+        ))
+}
+
 /// The keys of a set, sorted, without duplicates, joined by commas (for a `G` line).
 fn key_list<'a>(keys: impl Iterator<Item = &'a str>) -> String {
     let mut keys: Vec<&str> = keys.collect();
@@ -511,13 +516,7 @@ async fn set_op<S: Strategy>(
     } else {
         rng.ms(0, 12)
     };
-    let mut opts = LockOptions::new()
-        .with_ttl(TTL)
-        .with_wait(wait)
-        .with_backoff(Backoff::exponential(
-            Duration::from_millis(2),
-            Duration::from_millis(50),
-        ));
+    let mut opts = waiting(wait);
     if rng.below(2) == 0 {
         opts = opts.with_ordered_sets();
     }
@@ -755,13 +754,7 @@ async fn campaigns<S: Strategy>(
         } else {
             rng.ms(0, 300)
         };
-        let mut opts = LockOptions::new()
-            .with_ttl(TTL)
-            .with_wait(wait)
-            .with_backoff(Backoff::exponential(
-                Duration::from_millis(2),
-                Duration::from_millis(50),
-            ));
+        let mut opts = waiting(wait);
         if dies {
             opts = opts.with_refresh(Refresh::Off);
         }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use waitlock::strategy::Strategy;
-use waitlock::{Error, LockOptions, Locker};
+use waitlock::{Error, LockGuard, LockOptions, LockSetGuard, Locker, Queue};
 
 fn set_opts() -> LockOptions {
     tight().with_ordered_sets()
@@ -720,20 +720,10 @@ async fn a_queued_set_is_granted_in_one_call_with_one_message() {
 async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
     let server = RedisServer::start();
     let url = server.url();
-    let retention = Duration::from_secs(1);
-    let polling = || async {
-        Locker::connect(&url)
-            .await
-            .expect("connect")
-            .retention(retention)
-            .build()
-            .expect("polling locker")
-    };
+    let polling = || async { retained(&url).await.build().expect("polling locker") };
     let (h1, h2, x) = (polling().await, polling().await, polling().await);
-    let s = Locker::connect(&url)
+    let s = retained(&url)
         .await
-        .expect("connect")
-        .retention(retention)
         .queued()
         .build()
         .await
@@ -747,60 +737,20 @@ async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
         .acquire(b, &LockOptions::new().with_ttl(Duration::from_secs(30)))
         .await
         .expect("h2 takes b");
-    let waiting = {
-        let s = s.clone();
-        tokio::spawn(async move {
-            let opts = LockOptions::new()
-                .with_ttl(Duration::from_secs(5))
-                .with_wait(Duration::from_secs(60));
-            s.acquire_many_wait(&[a, b], &opts).await
-        })
-    };
-    common::lock_queued(&s, a, 1)
-        .await
-        .expect("the set queues on a");
-    common::lock_queued(&s, b, 1)
-        .await
-        .expect("the set queues on b");
+    let waiting = queue_set(&s, [a, b]).await;
     ga.release().await.expect("h1 releases a");
-    // a is left free for the set, which waits for b: the counter lives as long as the queue.
-    let admin = server.client().await;
-    let pttl = |name: String| {
-        let admin = admin.clone();
-        async move { common::cmd::<i64>(&admin, "PTTL", vec![name.into()]).await }
-    };
-    let (fence_life, queue_life) = (
-        pttl(common::fence_key(a)).await,
-        pttl(common::queue_key(a)).await,
-    );
-    assert!(
-        queue_life > 0 && fence_life >= queue_life - 1_000,
-        "a's fence lives {fence_life} ms, its queue {queue_life} ms"
-    );
-    // Past the last hold's TTL plus the retention (when the counter expired before): a's
-    // queue, and with it the set, still comes first.
-    tokio::time::sleep(Duration::from_millis(3_500)).await;
-    assert!(
-        pttl(common::fence_key(a)).await > 0,
-        "a's fence counter expired while its queue waits"
-    );
-    match x.acquire(a, &LockOptions::new()).await {
-        Err(Error::Locked { .. }) => {}
-        Err(e) => panic!("a one-shot acquire of a: {e}"),
-        Ok(g) => panic!(
-            "a one-shot acquire took a past the queued set (fence {})",
-            g.fence()
-        ),
-    }
-    let released = Instant::now();
-    gb.release().await.expect("h2 releases b");
-    let set = waiting.await.expect("task").expect("the set is granted");
-    println!(
-        "the set was granted {:?} after b's release",
-        released.elapsed()
-    );
-    set.release().await.expect("release");
-    nothing_left(&s, &[a, b]).await;
+    // a is left free for the set, which waits for b. Past the last hold's TTL plus the
+    // retention (when the counter expired before): a's queue, and the set, still come first.
+    the_set_keeps_a_first(
+        &server,
+        &s,
+        &x,
+        [a, b],
+        gb,
+        waiting,
+        Duration::from_millis(3_500),
+    )
+    .await;
 }
 
 /// Review 3, finding 3, its other door (found by the model, `Revert::FenceLifeInKeep`): a set
@@ -812,20 +762,10 @@ async fn a_key_kept_free_for_a_set_keeps_its_fence_as_long_as_its_queue() {
 async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue() {
     let server = RedisServer::start();
     let url = server.url();
-    let retention = Duration::from_secs(1);
-    let polling = || async {
-        Locker::connect(&url)
-            .await
-            .expect("connect")
-            .retention(retention)
-            .build()
-            .expect("polling locker")
-    };
+    let polling = || async { retained(&url).await.build().expect("polling locker") };
     let (h, x) = (polling().await, polling().await);
-    let s = Locker::connect(&url)
+    let s = retained(&url)
         .await
-        .expect("connect")
-        .retention(retention)
         .queued()
         .build()
         .await
@@ -835,6 +775,33 @@ async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue()
         .acquire(b, &LockOptions::new().with_ttl(Duration::from_secs(30)))
         .await
         .expect("h takes b");
+    let waiting = queue_set(&s, [a, b]).await;
+    // Past the retention (when the counter expired before): the set still comes first.
+    the_set_keeps_a_first(
+        &server,
+        &s,
+        &x,
+        [a, b],
+        gb,
+        waiting,
+        Duration::from_millis(1_500),
+    )
+    .await;
+}
+
+/// A locker builder on `url` with a retention of 1 s.
+async fn retained(url: &str) -> waitlock::LockerBuilder {
+    Locker::connect(url)
+        .await
+        .expect("connect")
+        .retention(Duration::from_secs(1))
+}
+
+/// `s` waits for set `[a, b]` (TTL 5 s, wait 60 s), once queued on both.
+async fn queue_set(
+    s: &Locker<Queue>,
+    [a, b]: [&'static str; 2],
+) -> tokio::task::JoinHandle<Result<LockSetGuard, Error>> {
     let waiting = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -844,12 +811,27 @@ async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue()
             s.acquire_many_wait(&[a, b], &opts).await
         })
     };
-    common::lock_queued(&s, a, 1)
+    common::lock_queued(s, a, 1)
         .await
         .expect("the set queues on a");
-    common::lock_queued(&s, b, 1)
+    common::lock_queued(s, b, 1)
         .await
         .expect("the set queues on b");
+    waiting
+}
+
+/// Set `[a, b]`, queued on both (`waiting`), with `a` free and `b` held (`gb`): `a`'s fence
+/// counter lives as long as its queue, still does `past` later, keeps a one-shot `acquire` by
+/// `x` off `a`, and the set is granted when `b` is released.
+async fn the_set_keeps_a_first(
+    server: &RedisServer,
+    s: &Locker<Queue>,
+    x: &Locker,
+    [a, b]: [&str; 2],
+    gb: LockGuard,
+    waiting: tokio::task::JoinHandle<Result<LockSetGuard, Error>>,
+    past: Duration,
+) {
     let admin = server.client().await;
     let pttl = |name: String| {
         let admin = admin.clone();
@@ -863,8 +845,7 @@ async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue()
         queue_life > 0 && fence_life >= queue_life - 1_000,
         "a's fence lives {fence_life} ms, its queue {queue_life} ms"
     );
-    // Past the retention (when the counter expired before): the set still comes first.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(past).await;
     assert!(
         pttl(common::fence_key(a)).await > 0,
         "a's fence counter expired while its queue waits"
@@ -878,12 +859,12 @@ async fn a_free_key_a_set_queues_first_on_keeps_its_fence_as_long_as_its_queue()
         ),
     }
     let released = Instant::now();
-    gb.release().await.expect("h releases b");
+    gb.release().await.expect("b's holder releases it");
     let set = waiting.await.expect("task").expect("the set is granted");
     println!(
         "the set was granted {:?} after b's release",
         released.elapsed()
     );
     set.release().await.expect("release");
-    nothing_left(&s, &[a, b]).await;
+    nothing_left(s, &[a, b]).await;
 }
