@@ -46,10 +46,12 @@ impl Engine {
         token: &str,
         life: std::time::Duration,
     ) -> Result<()> {
-        use fred::interfaces::KeysInterface;
+        use fred::interfaces::ClientLike;
+        use fred::types::{ClusterHash, CustomCommand};
         let client = self.backend.client_for(token);
-        let life = i64::try_from(ms(life)).unwrap_or(i64::MAX);
-        let call = client.pexpire::<i64, _>(names.leader(), life, None);
+        let pexpire = CustomCommand::new_static("PEXPIRE", ClusterHash::FirstKey, false);
+        let args: Vec<Value> = vec![names.leader().into(), ms(life).to_string().into()];
+        let call = client.custom::<i64, _>(pexpire, args);
         match tokio::time::timeout(self.command_timeout, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(source)) => Err(crate::Error::Redis {
