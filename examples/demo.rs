@@ -1,4 +1,4 @@
-//! Several workers contend for one key through a `Locker<Queue>` and say what happened.
+//! Several workers contend for one key through a `PubSubLocker` (the queued locker) and say what happened.
 //!
 //! Run: `cargo run --example demo` (Redis at `$REDIS_URL`, default `redis://127.0.0.1:6379`;
 //! when nothing answers there and `redis-server` is installed, a private one is started).
@@ -6,7 +6,7 @@
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use waitlock::{Error, LockOptions, Locker};
+use waitlock::{Error, LockOptions, PubSubLocker};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
@@ -95,7 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("Using Redis at {url}\n");
 
-    let locker = Locker::connect(&url).await?.queued().build().await?;
+    let locker = PubSubLocker::from_url(&url).await?;
     let key = format!("demo:nightly-report:{}", std::process::id());
     let opts = LockOptions::new()
         .with_ttl(Duration::from_secs(5))

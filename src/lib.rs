@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod election;
@@ -18,6 +19,7 @@ mod status;
 pub mod strategy;
 mod tasks;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 mod wait;
 
@@ -34,11 +36,47 @@ pub use locker::Locker;
 pub use options::{Backoff, LockOptions, Refresh};
 pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
 #[cfg(feature = "tls-rustls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
 pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
 pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
 pub use status::{Holder, LeaseHolder, LockStatus, Waiter, STATUS_WAITERS};
 pub use strategy::{Poll, Queue};
+
+/// The queued locker, under the name its first users know: waiters queue FIFO in Redis, share
+/// one subscriber connection per locker, and are **handed** the lock by the release, which
+/// publishes the grant on the waiter's channel (the waiter holds the lock when the message
+/// arrives; nobody polls).
+///
+/// The same type as [`Locker<Queue>`](Locker): every method of [`Locker`] is here
+/// ([`acquire_wait`](Locker::acquire_wait), [`run`](Locker::run), [`acquire`](Locker::acquire),
+/// [`status`](Locker::status), [`semaphore`](Locker::semaphore), [`election`](Locker::election),
+/// ...), and [`from_url`](Locker::from_url) / [`from_client`](Locker::from_client) build one
+/// with the defaults. For other settings, build it with
+/// `Locker::connect(url).await?.prefix("myapp:").queued().build().await?` (or
+/// [`Locker::builder`] on a fred client you have); the result is a `PubSubLocker`.
+///
+/// # Examples
+/// ```no_run
+/// # async fn example() -> waitlock::Result<()> {
+/// use std::time::Duration;
+/// use waitlock::{LockOptions, PubSubLocker};
+///
+/// let locker = PubSubLocker::from_url("redis://127.0.0.1:6379").await?;
+/// let opts = LockOptions::new()
+///     .with_ttl(Duration::from_secs(30))
+///     .with_wait(Duration::from_secs(10));
+/// let done = locker
+///     .run("resource-key", &opts, |ctx| async move {
+///         // the critical section; ctx.lost is cancelled the moment the lock is lost
+///         Ok::<_, waitlock::Error>(ctx.fence)
+///     })
+///     .await?;
+/// let guard = locker.acquire_wait("resource-key", &opts).await?;
+/// guard.release().await?;
+/// # let _ = done; Ok(()) }
+/// ```
+pub type PubSubLocker = Locker<Queue>;
 
 /// The Lua scripts behind every lock, as sent to Redis (for audits, preloading with
 /// `SCRIPT LOAD`, or measuring Redis' own ceiling with `redis-benchmark`).

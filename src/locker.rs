@@ -416,6 +416,37 @@ impl Locker<Queue> {
         Locker::builder(client).queued().build().await
     }
 
+    /// A queued locker ([`PubSubLocker`](crate::PubSubLocker)) with the defaults, connected
+    /// to `url`: the same as `Locker::connect(url).await?.queued().build().await`.
+    ///
+    /// Errors: as [`Locker::connect`], then as [`LockerBuilder::<Queue>::build`](crate::LockerBuilder::<Queue>::build).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves no connection and nothing running.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// # async fn example() -> waitlock::Result<()> {
+    /// let locker = waitlock::PubSubLocker::from_url("redis://127.0.0.1:6379").await?;
+    /// let guard = locker.acquire_wait("cron:cleanup", &waitlock::LockOptions::new()).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_url(url: &str) -> Result<Locker<Queue>> {
+        Locker::connect(url).await?.queued().build().await
+    }
+
+    /// A queued locker ([`PubSubLocker`](crate::PubSubLocker)) with the defaults on `client`:
+    /// the same as [`Locker::queued`].
+    ///
+    /// Errors: [`Error::Connect`] if the subscriber cannot connect.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves nothing running.
+    pub async fn from_client(client: Client) -> Result<Locker<Queue>> {
+        Locker::queued(client).await
+    }
+
     /// How many keys and waiters the registry holds now (both 0 when nobody waits).
     pub fn registry_size(&self) -> RegistrySize {
         let (keys, waiters) = self.strategy.hub.size();

@@ -600,3 +600,37 @@ async fn a_wait_timeout_costs_at_most_two_attempts() {
     locker.idle().await;
     assert_eq!(holder.status("long-0").await.expect("status").queued, 0);
 }
+
+/// `PubSubLocker`, the queued locker under its users' name: built from a URL and from a fred
+/// client, it is a `Locker<Queue>` (the same type), its waiter is handed the lock by the
+/// holder's release, and `run` runs a section under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pubsub_locker_is_the_queued_locker() {
+    let server = RedisServer::start();
+    let a: waitlock::PubSubLocker = waitlock::PubSubLocker::from_url(&server.url())
+        .await
+        .expect("from a URL");
+    let b: Locker<Queue> = waitlock::PubSubLocker::from_client(server.client().await)
+        .await
+        .expect("from a client");
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(10))
+        .with_wait(Duration::from_secs(30));
+    let held = a.acquire_wait("ps", &opts).await.expect("a holds");
+    let waiter = {
+        let (b, opts) = (b.clone(), opts.clone());
+        tokio::spawn(async move { b.acquire_wait("ps", &opts).await })
+    };
+    common::lock_queued(&b, "ps", 1).await.expect("b queues");
+    let first = held.fence();
+    held.release().await.expect("release");
+    let next = waiter.await.expect("task").expect("b is handed the lock");
+    assert!(next.fence() > first);
+    next.release().await.expect("release");
+    let fence = a
+        .run("ps", &opts, |ctx| async move { Ok::<_, Error>(ctx.fence) })
+        .await
+        .expect("run");
+    assert!(fence > first);
+    assert_eq!(a.status("ps").await.expect("status").queued, 0);
+}

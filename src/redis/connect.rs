@@ -75,6 +75,7 @@ impl ConnectOptions {
     /// both use them. Giving them with a `redis://` URL is an error. Defaults to the system's
     /// CAs and no client certificate. Only with the `tls-rustls` feature.
     #[cfg(feature = "tls-rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
     pub fn with_tls(mut self, tls: crate::TlsOptions) -> Self {
         self.tls = Some(tls);
         self

@@ -74,6 +74,7 @@ impl Pem {
 /// ```
 #[derive(Clone, Default)]
 #[must_use]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
 pub struct TlsOptions {
     ca: Option<Pem>,
     client: Option<(Pem, Pem)>,
