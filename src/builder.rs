@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::keys::check_prefix;
+use crate::limits::MAX_LABEL_LEN;
 use crate::locker::Locker;
 use crate::redis::{Backend, Engine, Settings};
 use crate::strategy::{Poll, Queue};
@@ -75,9 +76,6 @@ pub(crate) fn default_settings() -> Settings {
         label: None,
     }
 }
-
-/// Labels longer than this are refused.
-pub const MAX_LABEL_LEN: usize = 256;
 
 /// The default label of a locker: `<host>:<pid>:<program>`, each cut short (host name from
 /// the kernel or `$HOSTNAME`, the OS process id, the executable's file name).

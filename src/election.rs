@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::run::LockContext;
 use crate::keys::Names;
+use crate::limits::MAX_VALUE_LEN;
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::Engine;
@@ -33,9 +34,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Values longer than this are refused.
-pub const MAX_VALUE_LEN: usize = 64 * 1024;
 
 /// An election on one name: candidates wait in the lock's queue (FIFO, woken, no polling),
 /// the one that holds the election's lock and has announced itself leads, and resigning hands

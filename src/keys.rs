@@ -7,15 +7,13 @@
 //! hash to one Redis Cluster slot.
 
 use crate::error::{Error, Result};
+use crate::limits::MAX_KEY_LEN;
 
 /// The Redis name of a process's label (`LockerBuilder::label`): `{<prefix>labels}:<pid>`,
 /// every process's in one hash slot, so one `MGET` reads them all.
 pub(crate) fn label_key(prefix: &str, pid: &str) -> String {
     format!("{{{prefix}labels}}:{pid}")
 }
-
-/// Keys longer than this are refused.
-pub(crate) const MAX_KEY_LEN: usize = 16 * 1024;
 
 /// What a key's names stand for: a lock, or permits (a semaphore or a read-write lock, whose
 /// names are the lock's with `:s` after the hash tag: `{pk}:s`, `{pk}:s:fence`, `{pk}:s:q`,

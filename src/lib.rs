@@ -8,6 +8,7 @@ mod election;
 mod error;
 mod hold;
 mod keys;
+mod limits;
 mod lock_set;
 mod locker;
 pub mod metrics;
@@ -25,22 +26,23 @@ mod wait;
 
 pub use builder::{
     default_label, LockerBuilder, DEFAULT_CLAIM_WINDOW, DEFAULT_COMMAND_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION, MAX_LABEL_LEN,
+    DEFAULT_PRESENCE_WINDOW, DEFAULT_RETENTION,
 };
-pub use election::{Election, Leader, Leadership, MAX_VALUE_LEN};
+pub use election::{Election, Leader, Leadership};
 pub use error::{ConnectStep, Error, LossReason, Op, Result};
 pub use hold::guard::LockGuard;
 pub use hold::run::LockContext;
-pub use lock_set::{LockSetContext, LockSetGuard, MAX_SET_KEYS};
+pub use limits::{MAX_LABEL_LEN, MAX_PERMITS, MAX_SET_KEYS, MAX_VALUE_LEN, STATUS_WAITERS};
+pub use lock_set::{LockSetContext, LockSetGuard};
 pub use locker::Locker;
 pub use options::{Backoff, LockOptions, Refresh};
-pub use permits::{PermitStatus, RwLock, Semaphore, MAX_PERMITS};
+pub use permits::{PermitStatus, RwLock, Semaphore};
 #[cfg(feature = "tls-rustls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
 pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
 pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
-pub use status::{Holder, LeaseHolder, LockStatus, Waiter, STATUS_WAITERS};
+pub use status::{Holder, LeaseHolder, LockStatus, Waiter};
 pub use strategy::{Poll, Queue};
 
 /// The queued locker, under the name its first users know: waiters queue FIFO in Redis, share

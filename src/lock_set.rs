@@ -35,28 +35,18 @@ use crate::error::{Error, LossReason, Op, Result};
 use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Lease;
 use crate::hold::run::{section_result, CatchUnwind};
+use crate::limits::{BURST, MAX_SET_KEYS, QUEUED_SET_MAX, TAKE_SET_MAX};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
-use crate::redis::TAKE_SET_MAX;
 use crate::strategy::Strategy;
 use crate::wait::notify;
-use crate::wait::set::{self, QUEUED_SET_MAX};
+use crate::wait::set;
 use std::future::Future;
 use std::panic::resume_unwind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// The most keys one set may have; above it the set is refused ([`Error::InvalidOptions`],
-/// field `keys`). Taken at once (one node), a set costs one call per 256 keys (1,000 free keys
-/// took 12-19 ms on a local server); in order, one call per key waited for plus one per run of
-/// up to 256 free keys in one slot (1,000 in one slot: 13-18 ms; over 3 primaries, each key
-/// in its own slot: 26-58 ms).
-pub const MAX_SET_KEYS: usize = 10_000;
-
-/// Attempts sent at once when a set's next keys are tried together.
-const BURST: usize = 512;
 
 /// How a set is taken (see `Locker::set_order`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -286,7 +286,7 @@ impl<S: Strategy> Locker<S> {
         let names = self.engine.names(key)?;
         let raw = self
             .engine
-            .status(&names, crate::status::STATUS_WAITERS as u32)
+            .status(&names, crate::limits::STATUS_WAITERS as u32)
             .await?;
         let pids = LockStatus::pids(&raw);
         let labels = self.engine.labels(&pids).await?;

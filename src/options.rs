@@ -1,12 +1,11 @@
 //! Per-call lock options.
 
 use crate::error::{Error, Result};
+use crate::limits::MAX_TOKEN_LEN;
 use std::time::Duration;
 
 /// The largest TTL accepted: its milliseconds must fit an `i64` for Redis' `PX`.
 const MAX_TTL_MS: u128 = i64::MAX as u128;
-/// Tokens longer than this are refused (the token is compared on every call).
-pub(crate) const MAX_TOKEN_LEN: usize = 1024;
 
 /// The retry delay policy: full jitter, `rand(0, min(base * 2^attempt, cap))`.
 ///

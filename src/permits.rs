@@ -13,20 +13,17 @@
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::run::{run_under, LockContext};
+use crate::limits::{MAX_PERMITS, STATUS_WAITERS};
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::scripts::RawPermits;
 use crate::redis::Engine;
-use crate::status::{LeaseHolder, Waiter, STATUS_WAITERS};
+use crate::status::{LeaseHolder, Waiter};
 use crate::strategy::{Poll, Strategy};
 use crate::wait::{self, Request};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The most permits a key can have (a read-write lock has this many: a reader holds one, a
-/// writer all of them).
-pub const MAX_PERMITS: u32 = 1 << 20;
 
 /// A fair counting semaphore: at most `permits` weight held at once per key, across every
 /// process and host. Made by [`Locker::semaphore`]; cheap to clone.

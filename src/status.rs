@@ -5,10 +5,6 @@ use crate::redis::protocol;
 use crate::redis::scripts::RawStatus;
 use std::time::Duration;
 
-/// How many waiters [`Locker::status`](crate::Locker::status) lists, at most (the first, in
-/// queue order).
-pub const STATUS_WAITERS: usize = 10;
-
 /// A snapshot of one lock in Redis (see [`Locker::status`](crate::Locker::status)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -25,7 +21,7 @@ pub struct LockStatus {
     pub granted_unconfirmed: bool,
     /// Who holds it, when held.
     pub holder: Option<Holder>,
-    /// The first waiters in queue order ([`STATUS_WAITERS`] at most; `queued` counts them
+    /// The first waiters in queue order ([`STATUS_WAITERS`](crate::STATUS_WAITERS) at most; `queued` counts them
     /// all). A waiter of a process that died stays listed until a release drops it.
     pub waiters: Vec<Waiter>,
 }

@@ -447,7 +447,7 @@ pub(crate) async fn release_many(guards: Vec<LockGuard>) -> Vec<Result<()>> {
     let mut tasks = tokio::task::JoinSet::new();
     for ((token, _), mut members) in groups {
         while !members.is_empty() {
-            let rest = members.split_off(members.len().min(crate::redis::TAKE_SET_MAX));
+            let rest = members.split_off(members.len().min(crate::limits::TAKE_SET_MAX));
             let chunk = std::mem::replace(&mut members, rest);
             tasks.spawn(release_chunk(token.clone(), chunk));
         }
@@ -489,7 +489,7 @@ async fn release_chunk(
         return (done, Vec::new());
     }
     let engine = Arc::clone(&chunk[0].1.engine);
-    if chunk.len() <= crate::wait::set::QUEUED_SET_MAX {
+    if chunk.len() <= crate::limits::QUEUED_SET_MAX {
         let set: Vec<&Names> = chunk.iter().map(|(_, g)| &g.names).collect();
         let released = engine
             .set_release_on(

@@ -27,6 +27,7 @@
 use super::lease::Lease;
 use crate::error::{Error, LossReason};
 use crate::keys::{Kind, Names};
+use crate::limits::BATCH;
 use crate::options::Refresh;
 use crate::redis::scripts::{Batched, Call};
 use crate::redis::{Engine, Extended};
@@ -37,10 +38,6 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// Locks per batched refresh call at most: a call's script time stays short (three commands
-/// per lock), and 10,000 leases refreshed once per period take under 100 calls.
-pub(crate) const BATCH: usize = 128;
 
 /// How much of its refresh interval a lease may be refreshed early, to share a call.
 const EARLY: f64 = 0.25;

@@ -12,9 +12,7 @@ mod tls;
 pub(crate) use background::ResidueGuard;
 pub(crate) use connect::{connect_client, reconnect_policy, supervise};
 pub use connect::{redact_url, ConnectOptions};
-pub(crate) use scripts::{
-    Attempt, Extended, GivenBack, Queued, Released, SetAttempt, SetTry, TAKE_SET_MAX,
-};
+pub(crate) use scripts::{Attempt, Extended, GivenBack, Queued, Released, SetAttempt, SetTry};
 #[cfg(feature = "tls-rustls")]
 pub use tls::TlsOptions;
 

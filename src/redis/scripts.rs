@@ -72,9 +72,6 @@ pub(crate) const TAKE_SET: &str = include_str!("lua/take_set.lua");
 /// Give back many locks taken free in one call (on its own: see the script).
 pub(crate) const GIVE_BACK: &str = include_str!("lua/give_back.lua");
 
-/// The most locks one [`TAKE_SET`] call takes (the script's bound; a larger set is split).
-pub(crate) const TAKE_SET_MAX: usize = 256;
-
 /// Election: a new leader's announcement (on its own: see the script).
 pub(crate) const ELECT_ANNOUNCE: &str = include_str!("lua/elect_announce.lua");
 /// Election: a leader marks its record resigned.

@@ -12,8 +12,9 @@ use crate::error::{Error, Result};
 use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Hold;
 use crate::keys::Names;
+use crate::limits::TAKE_SET_MAX;
 use crate::options::LockOptions;
-use crate::redis::{Engine, ResidueGuard, SetAttempt, TAKE_SET_MAX};
+use crate::redis::{Engine, ResidueGuard, SetAttempt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -248,11 +249,6 @@ pub(crate) struct SetRequest {
     /// The key the last attempt found held (an index into `reqs`): what a timeout names.
     pub(crate) blocked: std::sync::atomic::AtomicUsize,
 }
-
-/// The most keys a queued locker waits for at once: a grant, a queueing call and a release
-/// of such a set each do about a dozen commands per key in one script (Redis serves nobody
-/// meanwhile). A larger set is waited for in order (`LockOptions::with_ordered_sets`).
-pub(crate) const QUEUED_SET_MAX: usize = 64;
 
 impl SetRequest {
     pub(crate) fn new(reqs: Vec<Request>) -> SetRequest {
