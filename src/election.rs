@@ -461,8 +461,8 @@ fn record_life(engine: &Engine, opts: &LockOptions) -> Duration {
     engine.retention + opts.ttl()
 }
 
-/// Keeps a leader's record alive while it leads: renewed every quarter of the retention (at
-/// least every second), until the leadership ends (`stop`) or is lost. A failed renewal is
+/// Keeps a leader's record alive while it leads: renewed every quarter of its life (between
+/// 100 ms and a minute apart), until the leadership ends (`stop`) or is lost. A failed renewal is
 /// tried again at the next; the record outlives a lost lease by the retention anyway.
 async fn keep_record(
     engine: std::sync::Weak<Engine>,

@@ -2,15 +2,10 @@
 -- KEYS[2] the election's record "<term> <token> <a|r> <value>" ('a' leading, 'r' resigned).
 -- ARGV: token, term (the hold's fence), value, and the record's life in ms (its lease plus
 -- the retention: the leader keeps it alive while it leads, so a leader that dies leaves a
--- record that expires; absent: no expiry, as protocol 3's first clients wrote it). If TOKEN
--- holds the lock: the record is now its own; reply {1, the previous record or ''}. Else {0}.
+-- record that expires). If TOKEN holds the lock: the record is now its own; reply {1, the
+-- previous record or ''}. Else {0}.
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 2) ~= ARGV[1] then return {0} end
 local prev = redis.call('GET', KEYS[2]) or ''
-local rec = ARGV[2] .. ' ' .. ARGV[1] .. ' a ' .. ARGV[3]
-if ARGV[4] then
-  redis.call('SET', KEYS[2], rec, 'PX', ARGV[4])
-else
-  redis.call('SET', KEYS[2], rec)
-end
+redis.call('SET', KEYS[2], ARGV[2] .. ' ' .. ARGV[1] .. ' a ' .. ARGV[3], 'PX', ARGV[4])
 return {1, prev}

@@ -52,19 +52,9 @@ impl Engine {
         let pexpire = CustomCommand::new_static("PEXPIRE", ClusterHash::FirstKey, false);
         let args: Vec<Value> = vec![names.leader().into(), ms(life).to_string().into()];
         let call = client.custom::<i64, _>(pexpire, args);
-        match tokio::time::timeout(self.command_timeout, call).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(source)) => Err(crate::Error::Redis {
-                key: names.key.clone(),
-                op: Op::Extend,
-                source,
-            }),
-            Err(_) => Err(crate::Error::Timeout {
-                key: names.key.clone(),
-                op: Op::Extend,
-                after: self.command_timeout,
-            }),
-        }
+        let outcome = tokio::time::timeout(self.command_timeout, call).await;
+        self.outcome(client, names, Op::Extend, self.command_timeout, outcome)
+            .map(drop)
     }
 
     /// Election: marks `token`'s record resigned (kept for the retention). True when it was
