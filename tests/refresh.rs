@@ -470,11 +470,10 @@ async fn a_keep_alive_racing_extends_never_outruns_redis() {
 
 /// `SCRIPT LOAD`s the server has run (`INFO commandstats`).
 async fn script_loads(client: &Client) -> u64 {
-    let info: String = common::cmd(client, "INFO", vec!["commandstats".into()]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
+    let info: String = common::cmd(client, "INFO commandstats", vec![]).await;
+    common::command_calls(&info)
+        .get("script|load")
+        .copied()
         .unwrap_or(0)
 }
 
