@@ -488,11 +488,15 @@ impl Sets {
     /// it is the cost of a process that dies, which (S5) and (S6) bound.)
     fn departed(&self, s: &St, h: u8, k: usize) -> bool {
         s.ph[h as usize] != Ph::Dead
-            && (s.marked[k] & Self::bit(h as usize) != 0
-                || self
-                    .run(s, h)
-                    .iter()
-                    .any(|&j| j != k && !s.queue[j].contains(&h) && s.reserved[j] != Some(h)))
+            && (s.marked[k] & Self::bit(h as usize) != 0 || self.out_of_one(s, h, k))
+    }
+
+    /// Whether set `h`, met on `k`, is missing from the queue of another key of its run that
+    /// is not reserved for it (`set_ready`'s "departed": review 3, finding 2).
+    fn out_of_one(&self, s: &St, h: u8, k: usize) -> bool {
+        self.run(s, h)
+            .iter()
+            .any(|&j| j != k && !s.queue[j].contains(&h) && s.reserved[j] != Some(h))
     }
 
     /// (S8): live waiter `w` waits on free keys whose queues have only departed members (see
@@ -787,10 +791,7 @@ impl Sets {
             // (the fix of review 3's finding 2: a set missing from the queue of another of its
             // keys, not reserved for it there, has departed: dropped here, as `gone_set`
             // drops, and told `d2`; it queues again at the back of every queue)
-            let out_of_one = run
-                .iter()
-                .any(|&j| j != k && !s.queue[j].contains(&h) && s.reserved[j] != Some(h));
-            if out_of_one && !self.reverted(Revert::FrozenSet) {
+            if !self.reverted(Revert::FrozenSet) && self.out_of_one(s, h, k) {
                 s.told[h as usize] = true;
                 self.drop_departed(s, h, k, declared);
                 continue;
