@@ -46,7 +46,7 @@
 //! keys; a set whose keys' hashes live on two primaries), and this runs one server; finding
 //! 4 needs many contended locks on one client behind a slow link, and finding 5 a re-sent
 //! reading, which (g) does not count as going back: `tests/cluster.rs`,
-//! `tests/lock_queue_processes.rs`, `tests/refresh.rs` and `src/election.rs` test those.
+//! `tests/lock_queue_processes.rs`, `tests/refresh.rs` and `src/election/observe.rs` test those.
 //!
 //! The seed is printed; `WAITLOCK_HISTORY_SEED=<seed>` replays its schedule of operations and
 //! faults (the interleaving itself depends on timing). `WAITLOCK_HISTORY_SECS` sets the length
