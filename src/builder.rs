@@ -5,9 +5,8 @@ use crate::keys::check_prefix;
 use crate::limits::MAX_LABEL_LEN;
 use crate::locker::Locker;
 use crate::redis::{Backend, Engine, Settings};
-use crate::strategy::{Poll, Queue};
+use crate::wait::strategy::{Poll, Queue};
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The default time limit of one Redis call made by this crate.
@@ -75,6 +74,12 @@ pub(crate) fn default_settings() -> Settings {
         metrics_key_label: false,
         label: None,
     }
+}
+
+/// `s` with its label resolved (the default label when none was set).
+pub(crate) fn resolved(mut s: Settings) -> Settings {
+    s.label.get_or_insert_with(default_label);
+    s
 }
 
 /// The default label of a locker: `<host>:<pid>:<program>`, each cut short (host name from
@@ -239,7 +244,7 @@ impl<S> LockerBuilder<S> {
                 ));
             }
         }
-        Ok(Engine::new(self.backend, self.settings))
+        Ok(Engine::new(self.backend, resolved(self.settings)))
     }
 
     fn with<T>(self) -> LockerBuilder<T> {
@@ -256,12 +261,7 @@ impl LockerBuilder<Poll> {
     ///
     /// Errors: [`Error::InvalidSetting`] for a bad prefix, timeout, window or retention.
     pub fn build(self) -> Result<Locker<Poll>> {
-        let engine = Arc::new(self.engine()?);
-        crate::redis::sentinel::watch(&engine);
-        Ok(Locker {
-            engine,
-            strategy: Poll,
-        })
+        Ok(Locker::assemble(self.engine()?.start(), Poll))
     }
 
     /// The same settings for a locker whose waiters queue in Redis and are handed the lock
@@ -282,16 +282,12 @@ impl LockerBuilder<Queue> {
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves nothing running.
     pub async fn build(self) -> Result<Locker<Queue>> {
-        let engine = Arc::new(self.engine()?);
-        crate::redis::sentinel::watch(&engine);
+        let engine = self.engine()?.start();
         let hub = crate::wait::notify::hub::open(&engine).await?;
         // The label, once (its task writes it again later): `status` names this process from
         // its first acquisition on. A failure here is not the locker's: the task retries.
         engine.write_label(&hub.pid).await;
-        Ok(Locker {
-            engine,
-            strategy: Queue { hub },
-        })
+        Ok(Locker::assemble(engine, Queue { hub }))
     }
 
     /// The same settings for a polling locker.

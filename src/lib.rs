@@ -17,7 +17,6 @@ mod permits;
 mod redis;
 mod stats;
 mod status;
-pub mod strategy;
 mod tasks;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
@@ -43,7 +42,7 @@ pub use redis::TlsOptions;
 pub use redis::{redact_url, ConnectOptions};
 pub use stats::{LockerStats, RegistrySize, WaitSummary, WakeStats};
 pub use status::{Holder, LeaseHolder, LockStatus, Waiter};
-pub use strategy::{Poll, Queue};
+pub use wait::strategy::{self, Poll, Queue};
 
 /// The queued locker, under the name its first users know: waiters queue FIFO in Redis, share
 /// one subscriber connection per locker, and are **handed** the lock by the release, which

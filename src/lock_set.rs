@@ -38,9 +38,9 @@ use crate::hold::run::{section_result, CatchUnwind};
 use crate::limits::{BURST, MAX_SET_KEYS, QUEUED_SET_MAX, TAKE_SET_MAX};
 use crate::locker::Locker;
 use crate::options::{LockOptions, Refresh};
-use crate::strategy::Strategy;
 use crate::wait::notify;
 use crate::wait::set;
+use crate::wait::strategy::Strategy;
 use std::future::Future;
 use std::panic::resume_unwind;
 use std::sync::Arc;
@@ -428,7 +428,7 @@ impl<S: Strategy> Locker<S> {
     async fn take_queued(&self, keys: &[String], opts: &LockOptions) -> Result<LockSetGuard> {
         let start = Instant::now();
         let pid = self.strategy.process_id();
-        let reqs = set::queued_requests(&self.engine, keys, opts, pid)?;
+        let reqs = set::queued_requests(self.holding(), keys, opts, pid)?;
         let taken = match self.strategy.hub() {
             Some(hub) => notify::wait(&self.engine, hub, &set::SetRequest::new(reqs)).await,
             None => set::once(&self.engine, &reqs).await,
@@ -476,7 +476,7 @@ impl<S: Strategy> Locker<S> {
     ) -> Result<LockSetGuard> {
         let start = Instant::now();
         let pid = self.strategy.process_id();
-        let mut reqs = set::requests(&self.engine, keys, opts, pid)?;
+        let mut reqs = set::requests(self.holding(), keys, opts, pid)?;
         let taken = if wait {
             set::poll(&self.engine, &mut reqs, pid).await
         } else {
@@ -623,7 +623,7 @@ impl<S: Strategy> Locker<S> {
         // finished one's guards dropping) releases its keys.
         let outcomes = all_at_once(groups.iter().map(|group| {
             let engine = Arc::clone(&self.engine);
-            let reqs = set::requests(&engine, group, opts, self.strategy.process_id());
+            let reqs = set::requests(self.holding(), group, opts, self.strategy.process_id());
             async move {
                 let reqs = reqs?;
                 let taken = set::once(&engine, &reqs).await;
@@ -703,11 +703,11 @@ impl<S: Strategy> Locker<S> {
         let pid = self.strategy.process_id();
         let taken = match self.strategy.hub() {
             Some(hub) if run.len() <= QUEUED_SET_MAX => {
-                let reqs = set::queued_requests(&self.engine, run, opts, pid)?;
+                let reqs = set::queued_requests(self.holding(), run, opts, pid)?;
                 notify::wait(&self.engine, hub, &set::SetRequest::new(reqs)).await
             }
             _ => {
-                let mut reqs = set::requests(&self.engine, run, opts, pid)?;
+                let mut reqs = set::requests(self.holding(), run, opts, pid)?;
                 set::poll(&self.engine, &mut reqs, pid).await
             }
         };

@@ -2,16 +2,17 @@
 //! ([`crate::strategy`]); the builder is in `builder.rs`. The work happens in `wait`
 //! (waiting), `redis` (scripts) and `hold` (guards, refresh, critical sections).
 
-use crate::builder::{default_settings, LockerBuilder, DEFAULT_COMMAND_TIMEOUT};
+use crate::builder::{default_settings, resolved, LockerBuilder, DEFAULT_COMMAND_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
+use crate::hold::refresh::Refreshing;
 use crate::hold::run::{run_under, LockContext};
 use crate::options::{check_token, check_ttl, LockOptions};
 use crate::redis::scripts::Call;
 use crate::redis::{connect_client, Attempt, Backend, ConnectOptions, Engine, Extended, Released};
 use crate::stats::{LockerStats, RegistrySize};
 use crate::status::LockStatus;
-use crate::strategy::{Poll, Queue, Strategy};
+use crate::wait::strategy::{Poll, Queue, Strategy};
 use crate::wait::{self, Request};
 use fred::clients::{Client, Pool};
 use fred::interfaces::ClientLike;
@@ -41,14 +42,55 @@ use std::time::Duration;
 /// client you pass in. [`Locker::connect`] builds a client with both.
 #[derive(Clone)]
 pub struct Locker<S = Poll> {
+    /// Redis' side: the connection, the scripts, the settings.
     pub(crate) engine: Arc<Engine>,
+    /// The one batched refresher of this locker's guards.
+    pub(crate) refresher: Arc<Refreshing>,
+    /// What features keep per locker (an election's tracking connection, ...).
+    pub(crate) extensions: Arc<Extensions>,
     pub(crate) strategy: S,
+}
+
+/// What features keep per locker, one value of each type, shared by the locker's clones. The
+/// locker knows none of them: a feature asks for its own type
+/// (`locker.extensions.get::<T>()`), so nothing below the features imports one.
+#[derive(Default)]
+pub(crate) struct Extensions(std::sync::Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>);
+
+impl Extensions {
+    /// The locker's `T`, made with `T::default()` by the first caller.
+    pub(crate) fn get<T: std::any::Any + Default + Send + Sync>(&self) -> Arc<T> {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = all.iter().find_map(|e| Arc::clone(e).downcast::<T>().ok()) {
+            return t;
+        }
+        let t = Arc::new(T::default());
+        all.push(Arc::clone(&t) as Arc<dyn std::any::Any + Send + Sync>);
+        t
+    }
+}
+
+impl<S> Locker<S> {
+    /// A locker over `engine` waiting with `strategy`.
+    pub(crate) fn assemble(engine: Arc<Engine>, strategy: S) -> Locker<S> {
+        Locker {
+            engine,
+            refresher: Arc::default(),
+            extensions: Arc::default(),
+            strategy,
+        }
+    }
+
+    /// The pair a request is made with: the engine, and the refresher its guard joins.
+    pub(crate) fn holding(&self) -> (&Engine, &Arc<Refreshing>) {
+        (&self.engine, &self.refresher)
+    }
 }
 
 impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for Locker<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Locker")
-            .field("prefix", &self.engine.prefix)
+            .field("prefix", &self.engine.settings.prefix)
             .field("strategy", &self.strategy)
             .finish_non_exhaustive()
     }
@@ -58,12 +100,8 @@ impl Locker<Poll> {
     /// A polling locker with the defaults (prefix `waitlock:`, command timeout 3 s, claim
     /// window 500 ms, presence window 100 ms, retention one hour) on `client`.
     pub fn new(client: Client) -> Locker<Poll> {
-        let engine = Arc::new(Engine::new(Backend::Client(client), default_settings()));
-        crate::redis::sentinel::watch(&engine);
-        Locker {
-            engine,
-            strategy: Poll,
-        }
+        let settings = resolved(default_settings());
+        Locker::assemble(Engine::new(Backend::Client(client), settings).start(), Poll)
     }
 
     /// A builder on a connected client (a polling locker; `.queued()` for a queued one).
@@ -176,8 +214,8 @@ impl<S: Strategy> Locker<S> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::attempt(&self.engine, key, opts, self.strategy.process_id());
-        wait::acquire(&self.engine, key, req).await
+        let req = Request::attempt(self.holding(), key, opts, self.strategy.process_id());
+        wait::strategy::acquire(&self.engine, key, req).await
     }
 
     /// Takes the lock on `key`, waiting up to `opts.wait`.
@@ -222,8 +260,8 @@ impl<S: Strategy> Locker<S> {
     /// # Ok(()) }
     /// ```
     pub async fn acquire_wait(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let req = Request::new(&self.engine, key, opts, self.strategy.process_id());
-        wait::acquire_wait(&self.engine, &self.strategy, key, req).await
+        let req = Request::new(self.holding(), key, opts, self.strategy.process_id());
+        wait::strategy::acquire_wait(&self.engine, &self.strategy, key, req).await
     }
 
     /// Runs `f` under the lock on `key`: waits for it (up to `opts.wait`), refreshes it every
@@ -290,9 +328,11 @@ impl<S: Strategy> Locker<S> {
             .await?;
         let pids = LockStatus::pids(&raw);
         let labels = self.engine.labels(&pids).await?;
-        Ok(LockStatus::from_raw(&raw, &self.engine.prefix, |pid| {
-            labels.get(pid).cloned()
-        }))
+        Ok(LockStatus::from_raw(
+            &raw,
+            &self.engine.settings.prefix,
+            |pid| labels.get(pid).cloned(),
+        ))
     }
 
     /// Token-level: one attempt to take `key` for `token` with `ttl` (never jumping a queue of
@@ -318,7 +358,7 @@ impl<S: Strategy> Locker<S> {
             .attempt_on(
                 self.engine.backend.client_for(token),
                 &call,
-                self.engine.command_timeout,
+                self.engine.settings.command_timeout,
             )
             .await?
         {
@@ -354,7 +394,7 @@ impl<S: Strategy> Locker<S> {
             .extend_on(
                 self.engine.backend.client_for(token),
                 &call,
-                self.engine.command_timeout,
+                self.engine.settings.command_timeout,
             )
             .await?
             != Extended::NotHeld
@@ -383,7 +423,7 @@ impl<S: Strategy> Locker<S> {
                 &names,
                 token,
                 "",
-                self.engine.command_timeout,
+                self.engine.settings.command_timeout,
             )
             .await?
         {

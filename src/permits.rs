@@ -12,6 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
+use crate::hold::refresh::Refreshing;
 use crate::hold::run::{run_under, LockContext};
 use crate::limits::{MAX_PERMITS, STATUS_WAITERS};
 use crate::locker::Locker;
@@ -19,7 +20,7 @@ use crate::options::LockOptions;
 use crate::redis::scripts::RawPermits;
 use crate::redis::Engine;
 use crate::status::{LeaseHolder, Waiter};
-use crate::strategy::{Poll, Strategy};
+use crate::wait::strategy::{Poll, Strategy};
 use crate::wait::{self, Request};
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Semaphore<S = Poll> {
     engine: Arc<Engine>,
+    refresher: Arc<Refreshing>,
     strategy: S,
     permits: u32,
 }
@@ -45,7 +47,7 @@ impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for Semaphore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Semaphore")
             .field("permits", &self.permits)
-            .field("prefix", &self.engine.prefix)
+            .field("prefix", &self.engine.settings.prefix)
             .field("strategy", &self.strategy)
             .finish()
     }
@@ -114,6 +116,7 @@ impl<S: Strategy> Locker<S> {
         }
         Ok(Semaphore {
             engine: Arc::clone(&self.engine),
+            refresher: Arc::clone(&self.refresher),
             strategy: self.strategy.clone(),
             permits,
         })
@@ -127,6 +130,7 @@ impl<S: Strategy> Locker<S> {
         RwLock {
             sem: Semaphore {
                 engine: Arc::clone(&self.engine),
+                refresher: Arc::clone(&self.refresher),
                 strategy: self.strategy.clone(),
                 permits: MAX_PERMITS,
             },
@@ -145,7 +149,14 @@ impl<S: Strategy> Semaphore<S> {
     /// out of holders' processes where they can.
     fn request(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<Request> {
         let pid = self.strategy.process_id();
-        Request::permits(&self.engine, key, opts, pid, self.permits, weight)
+        Request::permits(
+            (&self.engine, &self.refresher),
+            key,
+            opts,
+            pid,
+            self.permits,
+            weight,
+        )
     }
 
     /// One attempt to take `weight` permits of `key`. It never jumps the queue: with waiters
@@ -160,7 +171,7 @@ impl<S: Strategy> Semaphore<S> {
     /// Cancel safe: permits taken by a dropped call are given back in the background.
     pub async fn acquire(&self, key: &str, weight: u32, opts: &LockOptions) -> Result<LockGuard> {
         let req = self.request(key, weight, opts);
-        wait::acquire(&self.engine, key, req).await
+        wait::strategy::acquire(&self.engine, key, req).await
     }
 
     /// Takes `weight` permits of `key`, waiting up to `opts.wait`, as
@@ -181,7 +192,7 @@ impl<S: Strategy> Semaphore<S> {
         opts: &LockOptions,
     ) -> Result<LockGuard> {
         let req = self.request(key, weight, opts);
-        wait::acquire_wait(&self.engine, &self.strategy, key, req).await
+        wait::strategy::acquire_wait(&self.engine, &self.strategy, key, req).await
     }
 
     /// Runs `f` holding `weight` permits of `key`, as [`Locker::run`] runs under a lock: waits
@@ -217,7 +228,7 @@ impl<S: Strategy> Semaphore<S> {
     /// Cancel safe: it only reads.
     pub async fn status(&self, key: &str) -> Result<PermitStatus> {
         let engine = &self.engine;
-        let names = crate::keys::Names::permits(&engine.prefix, key, self.permits)?;
+        let names = crate::keys::Names::permits(&engine.settings.prefix, key, self.permits)?;
         let raw = engine.permit_status(&names, STATUS_WAITERS as u32).await?;
         let pids =
             crate::status::named_pids(raw.leases.iter().map(|(t, _)| t.as_str()), &raw.waiters);
@@ -241,7 +252,7 @@ pub struct RwLock<S = Poll> {
 impl<S: Strategy + std::fmt::Debug> std::fmt::Debug for RwLock<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RwLock")
-            .field("prefix", &self.sem.engine.prefix)
+            .field("prefix", &self.sem.engine.settings.prefix)
             .field("strategy", &self.sem.strategy)
             .finish()
     }

@@ -21,7 +21,7 @@ use crate::error::{Error, LossReason, Result};
 use crate::hold::guard::LockGuard;
 use crate::options::LockOptions;
 use crate::permits::Semaphore;
-use crate::strategy::{Queue, Strategy};
+use crate::wait::strategy::{Queue, Strategy};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};

@@ -27,10 +27,10 @@ use crate::limits::MAX_VALUE_LEN;
 use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::Engine;
-use crate::strategy::Strategy;
+use crate::wait::strategy::Strategy;
 use fred::interfaces::TrackingInterface;
-use observe::Reader;
 pub(crate) use observe::Tracker;
+use observe::{Reader, TrackerSlot};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -362,7 +362,8 @@ impl<S: Strategy> Election<S> {
     /// Cancel safe: a dropped call leaves nothing running.
     pub async fn observe(&self) -> Result<watch::Receiver<Option<Leader>>> {
         let engine = Arc::clone(&self.locker.engine);
-        let tracker = Tracker::of(&engine).await?;
+        let slot = self.locker.extensions.get::<TrackerSlot>();
+        let tracker = Tracker::of(&engine, &slot).await?;
         let prefix = self.names.lock.clone();
         tracker.track(&prefix).await?;
         // One reader per election and locker, however many receivers.
@@ -396,7 +397,7 @@ impl<S: Strategy> Election<S> {
 /// How long a leader's record lives past each renewal: its lease plus the retention (a record
 /// of a leader that died goes then, as a fence counter does; review 3 found it kept forever).
 fn record_life(engine: &Engine, opts: &LockOptions) -> Duration {
-    engine.retention + opts.ttl()
+    engine.settings.retention + opts.ttl()
 }
 
 /// Keeps a leader's record alive while it leads: renewed every quarter of its life (between

@@ -6,7 +6,7 @@
 use super::{Election, Leader};
 use crate::error::{Error, Result};
 use crate::redis::Engine;
-use crate::strategy::Strategy;
+use crate::wait::strategy::Strategy;
 use fred::interfaces::{ClientLike, EventInterface, TrackingInterface};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -129,10 +129,14 @@ pub(crate) struct Tracker {
     pub(super) epoch: watch::Sender<u64>,
 }
 
+/// A locker's tracker, once an election is observed: kept in the locker's extensions.
+#[derive(Default)]
+pub(super) struct TrackerSlot(tokio::sync::OnceCell<Arc<Tracker>>);
+
 impl Tracker {
-    pub(super) async fn of(engine: &Arc<Engine>) -> Result<Arc<Tracker>> {
-        engine
-            .tracker
+    /// The tracker in `slot`, opened on `engine`'s client config by the first observer.
+    pub(super) async fn of(engine: &Arc<Engine>, slot: &TrackerSlot) -> Result<Arc<Tracker>> {
+        slot.0
             .get_or_try_init(|| async {
                 let base = engine.backend.next_client();
                 let mut config = base.client_config();
@@ -148,7 +152,7 @@ impl Tracker {
                     .build()
                     .map_err(fail)?;
                 let mut reconnects = client.reconnect_rx();
-                let limit = engine.command_timeout.max(Duration::from_secs(1));
+                let limit = engine.settings.command_timeout.max(Duration::from_secs(1));
                 match tokio::time::timeout(limit, client.init()).await {
                     Ok(Ok(task)) => {
                         crate::redis::supervise(client.clone(), task, "the tracking connection")

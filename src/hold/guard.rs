@@ -1,7 +1,7 @@
 //! A held lock.
 
 use super::lease::{Hold, Lease};
-use super::refresh::Held;
+use super::refresh::{Held, Refreshing};
 use crate::error::{Error, LossReason, Result};
 use crate::keys::Names;
 use crate::options::{check_ttl, Refresh};
@@ -25,6 +25,8 @@ struct Task {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     engine: Arc<Engine>,
+    /// The locker's refresher (see [`keep_alive`](Self::keep_alive)).
+    refresher: Arc<Refreshing>,
     names: Names,
     token: String,
     /// The locker's process id (a queued locker's; empty for a polling one).
@@ -53,7 +55,7 @@ impl LockGuard {
     /// A guard for a lock taken with `hold`: Redis keeps it until `hold.valid_until` (and
     /// longer) with no further step from the holder.
     pub(crate) fn new(
-        engine: Arc<Engine>,
+        (engine, refresher): (Arc<Engine>, Arc<Refreshing>),
         names: Names,
         token: String,
         pid: String,
@@ -64,6 +66,7 @@ impl LockGuard {
         LockGuard {
             lease: Arc::new(Lease::new(ttl, &hold)),
             engine,
+            refresher,
             names,
             token,
             pid,
@@ -148,7 +151,7 @@ impl LockGuard {
         self.touch();
         let extended = self
             .engine
-            .extend_on(client, &call, self.engine.command_timeout)
+            .extend_on(client, &call, self.engine.settings.command_timeout)
             .await?;
         if extended != Extended::NotHeld {
             lease.renewed(sent_at, ttl);
@@ -187,7 +190,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.stop_task();
         let client = self.engine.backend.client_for(&self.token);
-        let timeout = self.engine.command_timeout;
+        let timeout = self.engine.settings.command_timeout;
         let released = if self.taken {
             self.engine
                 .release_taken(client, &self.names, &self.token, &self.pid, timeout)
@@ -307,7 +310,7 @@ impl LockGuard {
             lost.cancel();
             None
         } else {
-            self.engine.refresher.add(
+            self.refresher.add(
                 &self.engine,
                 Held {
                     names: self.names.clone(),
@@ -329,14 +332,14 @@ impl LockGuard {
     /// Leaves the refresher: nothing is sent for this guard after this.
     fn stop_task(&mut self) {
         if let Some(id) = self.task.as_mut().and_then(|t| t.id.take()) {
-            self.engine.refresher.remove(id);
+            self.refresher.remove(id);
         }
     }
 
     /// The lease changed under this guard's own call: the refresher reads its times again.
     fn touch(&self) {
         if let Some(id) = self.task.as_ref().and_then(|t| t.id) {
-            self.engine.refresher.touch(id);
+            self.refresher.touch(id);
         }
     }
 
@@ -497,7 +500,7 @@ async fn release_chunk(
                 &set,
                 &token,
                 &chunk[0].1.pid,
-                engine.command_timeout,
+                engine.settings.command_timeout,
                 Via::Sha,
             )
             .await;
@@ -528,7 +531,7 @@ async fn release_chunk(
         .give_back_on(
             engine.backend.client_for(&token),
             &locks,
-            engine.command_timeout,
+            engine.settings.command_timeout,
         )
         .await;
     let Ok(codes) = given else {

@@ -415,6 +415,7 @@ impl Refreshing {
             .min()
             .unwrap_or(now);
         let limit = engine
+            .settings
             .command_timeout
             .min(until.saturating_duration_since(now))
             .max(Duration::from_millis(1));
@@ -467,6 +468,7 @@ impl Refreshing {
     /// Refreshes one lease with its own extend script (a queued lock's, a permit lease's).
     async fn alone(&self, engine: &Arc<Engine>, client: &fred::clients::Client, s: Sent) {
         let limit = engine
+            .settings
             .command_timeout
             .min(
                 s.held

@@ -61,7 +61,7 @@ impl Engine {
             loop {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
                 let limit = engine
-                    .command_timeout
+                    .settings.command_timeout
                     .min(left)
                     .max(std::time::Duration::from_millis(1));
                 match engine
@@ -108,7 +108,7 @@ impl Engine {
             // With the script's text: a NOSCRIPT retry would go out behind the token's later
             // calls.
             match engine
-                .leave_on(&client, &c, engine.command_timeout, Via::Text)
+                .leave_on(&client, &c, engine.settings.command_timeout, Via::Text)
                 .await
             {
                 Ok(left) => tracing::debug!(key = %names.key, ?left, "background queue departure"),
@@ -145,7 +145,7 @@ impl Engine {
                     &member,
                     &pid,
                     orphan.as_deref(),
-                    engine.command_timeout,
+                    engine.settings.command_timeout,
                     Via::Text,
                 )
                 .await

@@ -1,5 +1,5 @@
-//! Everything that talks to Redis for the lock itself: the connection, the scripts and one call
-//! per operation. Waiting (`crate::wait`) and holding (`crate::hold`) build on this.
+//! The floor every feature stands on: the connection, the scripts and one call per
+//! operation, and nothing above them (it imports no waiting, holding or feature module).
 
 mod background;
 mod connect;
@@ -98,75 +98,63 @@ pub(crate) struct Settings {
     pub(crate) label: Option<String>,
 }
 
-/// What a locker is made of, shared by its clones, its guards and their background tasks.
+/// Redis' side of a locker, shared by its clones, its guards and their background tasks: the
+/// connection, the scripts, the settings, and what the connection learned about the server.
+/// What a feature keeps (the refresher, the election tracker) lives with the feature, owned
+/// by the locker: nothing here knows waiting, holding or elections.
 pub(crate) struct Engine {
     pub(crate) backend: Backend,
-    pub(crate) prefix: String,
-    pub(crate) command_timeout: Duration,
-    /// See [`Settings`].
-    pub(crate) claim_window: Duration,
-    pub(crate) presence_window: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) replicas: Option<(u32, Duration)>,
-    /// The process's name for operators (see `LockerBuilder::label`).
-    pub(crate) label: String,
+    /// The locker's settings, validated and with the label resolved (see [`Settings`]).
+    pub(crate) settings: Settings,
     pub(crate) tasks: Arc<TaskCounter>,
     /// Outcomes and wait times, for `stats()`.
     pub(crate) meter: Meter,
-    /// Told when a sentinel announces a new primary (the hub reconnects its subscriber).
-    pub(crate) switched: tokio::sync::broadcast::Sender<()>,
-    /// When a READONLY reply last forced a reconnection (ms since the epoch).
-    pub(crate) last_forced_reconnect: std::sync::atomic::AtomicU64,
-    /// Tasks that follow the sentinels (stopped when the engine goes).
-    pub(crate) watchers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// Keeps every guard's lease alive that asked for it (`LockGuard::keep_alive`).
-    pub(crate) refresher: Arc<crate::hold::refresh::Refreshing>,
-    /// The connection that tracks observed elections (`Election::observe`), once one is.
-    pub(crate) tracker: tokio::sync::OnceCell<Arc<crate::election::Tracker>>,
+    /// What the sentinels said (see `sentinel.rs`).
+    pub(crate) failover: sentinel::Failover,
     /// The client is a Cluster's: the lock scripts are told (a set's other keys are then
     /// written only by a call that declares them: a slot can migrate; see `lua/lock.lua`),
     /// and calls are grouped by hash slot ([`Engine::node_slot`]).
     pub(crate) clustered: bool,
     /// The server's compare-and-delete command, once asked (see `scripts/taken.rs`).
-    pub(crate) compare_delete: tokio::sync::OnceCell<Option<scripts::CompareDelete>>,
-    /// A node refused it: releases use the script only.
-    pub(crate) compare_delete_off: std::sync::atomic::AtomicBool,
+    pub(crate) compare_delete: scripts::CompareDeleteState,
     scripts: Scripts,
 }
 
 impl Engine {
+    /// The engine for `backend` with `s`, whose label the builder resolved (an unset one
+    /// stays empty).
     pub(crate) fn new(backend: Backend, s: Settings) -> Engine {
         use fred::interfaces::ClientLike;
         let clustered = backend.next_client().is_clustered();
+        let meter = Meter::default();
+        meter.set_key_label(s.metrics_key_label);
         Engine {
             clustered,
             backend,
-            prefix: s.prefix,
-            command_timeout: s.command_timeout,
-            claim_window: s.claim_window,
-            presence_window: s.presence_window,
-            retention: s.retention,
-            replicas: s.replicas,
-            label: s.label.unwrap_or_else(crate::builder::default_label),
+            settings: s,
             tasks: Arc::default(),
-            meter: {
-                let m = Meter::default();
-                m.set_key_label(s.metrics_key_label);
-                m
-            },
-            switched: tokio::sync::broadcast::Sender::new(4),
-            last_forced_reconnect: std::sync::atomic::AtomicU64::new(0),
-            watchers: std::sync::Mutex::default(),
-            refresher: Arc::default(),
-            tracker: tokio::sync::OnceCell::new(),
-            compare_delete: tokio::sync::OnceCell::new(),
-            compare_delete_off: std::sync::atomic::AtomicBool::new(false),
+            meter,
+            failover: sentinel::Failover::default(),
+            compare_delete: scripts::CompareDeleteState::default(),
             scripts: Scripts::new(),
         }
     }
 
+    /// The engine shared, following its sentinels from now on (if its client is a Sentinel
+    /// client and a tokio runtime is there).
+    pub(crate) fn start(self) -> Arc<Engine> {
+        let engine = Arc::new(self);
+        sentinel::watch(&engine);
+        engine
+    }
+
+    /// The process's name for operators (see `LockerBuilder::label`).
+    pub(crate) fn label(&self) -> &str {
+        self.settings.label.as_deref().unwrap_or_default()
+    }
+
     pub(crate) fn names(&self, key: &str) -> Result<Names> {
-        Names::new(&self.prefix, key)
+        Names::new(&self.settings.prefix, key)
     }
 
     /// What one call's keys must share: the hash slot of `lock` on a Cluster, 0 on a single
@@ -176,19 +164,6 @@ impl Engine {
             fred::util::redis_keyslot(lock.as_bytes())
         } else {
             0
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        for t in self
-            .watchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            t.abort();
         }
     }
 }

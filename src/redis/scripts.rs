@@ -34,7 +34,7 @@ mod taken;
 pub(crate) use lock::{Attempt, Batched, Extended, Left, Queued, Released};
 pub(crate) use sets::{GivenBack, SetAttempt, SetTry};
 pub(crate) use status::{RawPermits, RawStatus};
-pub(crate) use taken::CompareDelete;
+pub(crate) use taken::CompareDeleteState;
 
 /// A lock script: the queue layer, the lock's value grammar, the script.
 macro_rules! lua {
@@ -273,14 +273,14 @@ pub(crate) enum Via {
 
 impl Engine {
     fn argv(&self, c: &Call<'_>) -> Vec<String> {
-        let retention = ms(self.retention);
+        let retention = ms(self.settings.retention);
         let (flag, fence) = c.flag.map(Flag::args).unwrap_or(("", String::new()));
         let mut argv = vec![
             c.token.to_owned(),
             c.ttl_ms.to_string(),
             retention.to_string(),
-            ms(self.claim_window).to_string(),
-            ms(self.presence_window).to_string(),
+            ms(self.settings.claim_window).to_string(),
+            ms(self.settings.presence_window).to_string(),
             c.member.to_owned(),
             c.pid.to_owned(),
             flag.to_owned(),

@@ -9,9 +9,42 @@ use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
 use fred::types::Builder;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+/// What following the sentinels keeps on the engine.
+pub(crate) struct Failover {
+    /// Told when a sentinel announces a new primary (the hub reconnects its subscriber).
+    pub(crate) switched: tokio::sync::broadcast::Sender<()>,
+    /// When a READONLY reply last forced a reconnection (ms since the epoch).
+    last_forced_reconnect: AtomicU64,
+    /// Tasks that follow the sentinels (stopped when the engine goes).
+    watchers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Default for Failover {
+    fn default() -> Self {
+        Failover {
+            switched: tokio::sync::broadcast::Sender::new(4),
+            last_forced_reconnect: AtomicU64::new(0),
+            watchers: Mutex::default(),
+        }
+    }
+}
+
+impl Drop for Failover {
+    fn drop(&mut self) {
+        for t in self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
 
 /// Starts watching the sentinels of the engine's client config, if it is a Sentinel config and
 /// a tokio runtime is there.
@@ -48,6 +81,7 @@ pub(crate) fn watch(engine: &Arc<Engine>) {
         )));
     }
     engine
+        .failover
         .watchers
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -64,9 +98,10 @@ impl Engine {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        let last = self.last_forced_reconnect.load(Ordering::SeqCst);
+        let last = self.failover.last_forced_reconnect.load(Ordering::SeqCst);
         if now.saturating_sub(last) < 100
             || self
+                .failover
                 .last_forced_reconnect
                 .compare_exchange(last, now, Ordering::SeqCst, Ordering::SeqCst)
                 .is_err()
@@ -77,7 +112,7 @@ impl Engine {
             return;
         };
         tracing::info!("a write met READONLY (demoted primary); reconnecting");
-        let _ = self.switched.send(());
+        let _ = self.failover.switched.send(());
         let client = client.clone();
         handle.spawn(async move {
             let _ = client.force_reconnection().await;
@@ -134,7 +169,7 @@ async fn follow(engine: Weak<Engine>, subscriber: SubscriberClient, service: Str
             break;
         };
         tracing::info!(switch = %text, "Sentinel switched the primary; reconnecting");
-        let _ = engine.switched.send(());
+        let _ = engine.failover.switched.send(());
         let _ = match &engine.backend {
             super::Backend::Pool(pool) => pool.force_reconnection().await,
             super::Backend::Client(client) => client.force_reconnection().await,

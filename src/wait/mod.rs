@@ -9,15 +9,16 @@
 pub(crate) mod jitter;
 pub(crate) mod notify;
 pub(crate) mod set;
+pub mod strategy;
 
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
 use crate::hold::lease::{margin, Hold};
+use crate::hold::refresh::Refreshing;
 use crate::keys::Names;
 use crate::options::{LockOptions, Plan};
 use crate::redis::scripts::Call;
 use crate::redis::{Attempt, Engine, Extended, Queued, ResidueGuard};
-use crate::strategy::Strategy;
 use fred::clients::Client;
 use jitter::Delays;
 use std::sync::Arc;
@@ -66,33 +67,35 @@ pub(crate) struct Request {
     pub(crate) plan: Plan,
     /// The waiting process's id (a queued locker's), empty for a polling locker.
     pub(crate) pid: String,
+    /// The locker's refresher, which keeps the guard alive when asked.
+    refresher: Arc<Refreshing>,
 }
 
 impl Request {
     pub(crate) fn new(
-        engine: &Engine,
+        (engine, refresher): (&Engine, &Arc<Refreshing>),
         key: &str,
         opts: &LockOptions,
         pid: &str,
     ) -> Result<Request> {
-        Self::with_token_of(engine, key, opts, pid, pid)
+        Self::with_token_of((engine, refresher), key, opts, pid, pid)
     }
 
     /// A queued locker's one attempt, which does not queue: the call sends no process id, but
     /// a token generated for it names process `pid` (its holder is then named in `status`,
     /// and the scripts know the holder's process as they do for a queued waiter's).
     pub(crate) fn attempt(
-        engine: &Engine,
+        (engine, refresher): (&Engine, &Arc<Refreshing>),
         key: &str,
         opts: &LockOptions,
         pid: &str,
     ) -> Result<Request> {
-        Self::with_token_of(engine, key, opts, pid, "")
+        Self::with_token_of((engine, refresher), key, opts, pid, "")
     }
 
     /// A request sent with process id `pid` whose generated token names `token_pid`.
     fn with_token_of(
-        engine: &Engine,
+        (engine, refresher): (&Engine, &Arc<Refreshing>),
         key: &str,
         opts: &LockOptions,
         token_pid: &str,
@@ -110,13 +113,14 @@ impl Request {
             own_token,
             plan,
             pid: pid.to_owned(),
+            refresher: Arc::clone(refresher),
         })
     }
 
     /// A request for `weight` of the `limit` permits on `key` (a semaphore's or a read-write
     /// lock's). Its token is generated and says its weight: `w<weight>:<id>`.
     pub(crate) fn permits(
-        engine: &Engine,
+        (engine, refresher): (&Engine, &Arc<Refreshing>),
         key: &str,
         opts: &LockOptions,
         pid: &str,
@@ -140,13 +144,14 @@ impl Request {
                 "must be at least 1 and at most the semaphore's permits",
             ));
         }
-        let names = Names::permits(&engine.prefix, key, limit)?;
+        let names = Names::permits(&engine.settings.prefix, key, limit)?;
         Ok(Request {
             names,
             token: Arc::from(format!("w{weight}:{}", own_token(pid))),
             own_token: true,
             plan,
             pid: pid.to_owned(),
+            refresher: Arc::clone(refresher),
         })
     }
 
@@ -159,7 +164,7 @@ impl Request {
     pub(crate) fn guard(&self, engine: &Arc<Engine>, hold: Hold) -> LockGuard {
         tracing::debug!(key = %self.names.key, fence = hold.fence, "acquired");
         LockGuard::new(
-            Arc::clone(engine),
+            (Arc::clone(engine), Arc::clone(&self.refresher)),
             self.names.clone(),
             self.token.to_string(),
             self.pid.clone(),
@@ -186,8 +191,8 @@ impl Request {
     ) -> Result<Option<LockGuard>> {
         let ttl = self.plan.ttl();
         let enough = Instant::now() + ttl.saturating_sub(margin(ttl) * 2);
-        if hold.valid_until >= enough && (written_by_us || engine.replicas.is_none()) {
-            if written_by_us && engine.replicas.is_some() {
+        if hold.valid_until >= enough && (written_by_us || engine.settings.replicas.is_none()) {
+            if written_by_us && engine.settings.replicas.is_some() {
                 if let Err(e) = engine.replicated(client, &self.names).await {
                     self.give_back(engine, client).await;
                     return Err(e);
@@ -229,7 +234,7 @@ impl Request {
                 &self.names,
                 &self.token,
                 &self.pid,
-                engine.command_timeout,
+                engine.settings.command_timeout,
             )
             .await;
     }
@@ -312,7 +317,7 @@ impl Waiting {
         member: &str,
     ) -> Result<Step> {
         let sent_at = Instant::now();
-        let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+        let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
         let first = self.attempts == 0;
         self.attempts += 1;
         let call = Call {
@@ -445,63 +450,6 @@ fn behind_the_queue(engine: &Engine, req: &Request) {
              (reported once per locker; see LockerStats::behind_queue)"
         );
     }
-}
-
-/// The way in for a lock's or permits' `acquire`: one attempt for `req` (or its validation
-/// error), counted in the locker's stats.
-#[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
-pub(crate) async fn acquire(
-    engine: &Arc<Engine>,
-    key: &str,
-    req: Result<Request>,
-) -> Result<LockGuard> {
-    let result = match req {
-        Ok(req) => once(engine, &req).await,
-        Err(e) => Err(e),
-    };
-    engine.meter.record(key, &result, None);
-    result
-}
-
-/// The way in for a lock's or permits' `acquire_wait`: waits for `req` (or returns its
-/// validation error) as `strategy` does, counted in the locker's stats and traced.
-#[tracing::instrument(
-    name = "acquire_wait",
-    level = "debug",
-    skip_all,
-    fields(
-        key = %key,
-        locker = engine.meter.subject("").locker,
-        waited_ms = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        fence = tracing::field::Empty,
-    )
-)]
-pub(crate) async fn acquire_wait<S: Strategy>(
-    engine: &Arc<Engine>,
-    strategy: &S,
-    key: &str,
-    req: Result<Request>,
-) -> Result<LockGuard> {
-    let start = Instant::now();
-    let result = match req {
-        Ok(req) => strategy.wait(engine, &req).await,
-        Err(e) => Err(e),
-    };
-    let waited = start.elapsed();
-    engine.meter.record(key, &result, Some(waited));
-    let span = tracing::Span::current();
-    span.record("waited_ms", waited.as_secs_f64() * 1e3);
-    match &result {
-        Ok(g) => {
-            span.record("outcome", "acquired");
-            span.record("fence", g.fence());
-        }
-        Err(e) => {
-            span.record("outcome", tracing::field::display(e));
-        }
-    }
-    result
 }
 
 /// One attempt, no waiting: the lock, or `Locked` with the holder's remaining TTL. Never jumps

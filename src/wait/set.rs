@@ -11,6 +11,7 @@ use super::{Request, Waiting};
 use crate::error::{Error, Result};
 use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Hold;
+use crate::hold::refresh::Refreshing;
 use crate::keys::Names;
 use crate::limits::TAKE_SET_MAX;
 use crate::options::LockOptions;
@@ -23,14 +24,14 @@ use tokio::time::Instant;
 /// of the set's calls then go through one client, in order (a give-back after a call whose
 /// outcome is unknown runs after that call, never before it).
 pub(crate) fn requests(
-    engine: &Engine,
+    holding: (&Engine, &Arc<Refreshing>),
     keys: &[String],
     opts: &LockOptions,
     pid: &str,
 ) -> Result<Vec<Request>> {
     let mut reqs: Vec<Request> = Vec::with_capacity(keys.len());
     for key in keys {
-        let mut req = Request::attempt(engine, key, opts, pid)?;
+        let mut req = Request::attempt(holding, key, opts, pid)?;
         if let Some(first) = reqs.first() {
             req.token = Arc::clone(&first.token);
         }
@@ -43,12 +44,12 @@ pub(crate) fn requests(
 /// [`SetRequest`]): as [`requests`] makes them, but each sent as the waiting process's (its
 /// queueing calls name it).
 pub(crate) fn queued_requests(
-    engine: &Engine,
+    holding: (&Engine, &Arc<Refreshing>),
     keys: &[String],
     opts: &LockOptions,
     pid: &str,
 ) -> Result<Vec<Request>> {
-    let mut reqs = requests(engine, keys, opts, pid)?;
+    let mut reqs = requests(holding, keys, opts, pid)?;
     for req in &mut reqs {
         req.pid = pid.to_owned();
     }
@@ -90,7 +91,7 @@ impl Waiting {
         if call > 0 {
             if let Some(chunk) = reqs.chunks(TAKE_SET_MAX).nth(call) {
                 let sent_at = Instant::now();
-                let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+                let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
                 self.attempts += 1;
                 let locks: Vec<(&Names, &str)> =
                     chunk.iter().map(|r| (&r.names, &*r.token)).collect();
@@ -116,7 +117,7 @@ impl Waiting {
         for (n, chunk) in reqs.chunks(TAKE_SET_MAX).enumerate() {
             let offset = n * TAKE_SET_MAX;
             let sent_at = Instant::now();
-            let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+            let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
             self.attempts += 1;
             // Armed until the reply says what the call did.
             let mut residues: Vec<ResidueGuard<'_>> = chunk
@@ -366,7 +367,7 @@ impl Waiting {
         use crate::redis::SetTry;
         let head = &set.reqs[0];
         let sent_at = Instant::now();
-        let (limit, cut) = self.limit(engine.command_timeout, sent_at);
+        let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
         self.attempts += 1;
         let call = Call {
             ttl_ms: head.plan.ttl_ms,

@@ -20,6 +20,7 @@ fn request(plan: Plan) -> Request {
         own_token: true,
         plan,
         pid: String::new(),
+        refresher: Arc::default(),
     }
 }
 

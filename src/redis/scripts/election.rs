@@ -52,15 +52,21 @@ impl Engine {
         let pexpire = CustomCommand::new_static("PEXPIRE", ClusterHash::FirstKey, false);
         let args: Vec<Value> = vec![names.leader().into(), ms(life).to_string().into()];
         let call = client.custom::<i64, _>(pexpire, args);
-        let outcome = tokio::time::timeout(self.command_timeout, call).await;
-        self.outcome(client, names, Op::Extend, self.command_timeout, outcome)
-            .map(drop)
+        let outcome = tokio::time::timeout(self.settings.command_timeout, call).await;
+        self.outcome(
+            client,
+            names,
+            Op::Extend,
+            self.settings.command_timeout,
+            outcome,
+        )
+        .map(drop)
     }
 
     /// Election: marks `token`'s record resigned (kept for the retention). True when it was
     /// `token`'s.
     pub(crate) async fn resign_record(&self, names: &Names, token: &str) -> Result<bool> {
-        let args = vec![token.to_owned(), ms(self.retention).to_string()];
+        let args = vec![token.to_owned(), ms(self.settings.retention).to_string()];
         let client = self.backend.client_for(token);
         let marked: i64 = self
             .election_call(client, &self.scripts.resign, names, args)
@@ -83,7 +89,7 @@ impl Engine {
             names,
             keys,
             args,
-            self.command_timeout,
+            self.settings.command_timeout,
             Via::Sha,
         )
         .await

@@ -199,7 +199,7 @@ impl Engine {
             return Ok(Vec::new());
         };
         let mut args = Vec::with_capacity(locks.len() * 2 + 1);
-        args.push(ms(self.retention).to_string());
+        args.push(ms(self.settings.retention).to_string());
         for (_, token, ttl_ms) in locks {
             args.push((*token).to_owned());
             args.push(ttl_ms.to_string());
@@ -227,11 +227,11 @@ impl Engine {
     /// With required replicas: `WAIT` on `client` (the connection that sent the write) until
     /// enough acknowledged it, else `Error::NotReplicated`. Without: nothing.
     pub(crate) async fn replicated(&self, client: &Client, names: &Names) -> Result<()> {
-        let Some((required, timeout)) = self.replicas else {
+        let Some((required, timeout)) = self.settings.replicas else {
             return Ok(());
         };
         let wait = client.wait::<i64>(i64::from(required), timeout.as_millis() as i64);
-        let limit = timeout + self.command_timeout;
+        let limit = timeout + self.settings.command_timeout;
         let acknowledged = match tokio::time::timeout(limit, Box::pin(wait)).await {
             Err(_) => {
                 return Err(Error::Timeout {

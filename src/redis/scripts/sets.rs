@@ -71,7 +71,7 @@ impl Engine {
             return Ok(SetAttempt::Taken { fences: Vec::new() });
         };
         let mut args = Vec::with_capacity(locks.len() + 2);
-        args.push(ms(self.retention).to_string());
+        args.push(ms(self.settings.retention).to_string());
         args.push(if check {
             "check".to_owned()
         } else {

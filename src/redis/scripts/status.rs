@@ -59,7 +59,7 @@ impl Engine {
             self.backend.next_client(),
             lua,
             &c,
-            self.command_timeout,
+            self.settings.command_timeout,
             Via::Sha,
         )
         .await
@@ -107,7 +107,7 @@ impl Engine {
         }
         let keys: Vec<Value> = pids
             .iter()
-            .map(|pid| crate::keys::label_key(&self.prefix, pid).into())
+            .map(|pid| crate::keys::label_key(&self.settings.prefix, pid).into())
             .collect();
         let values: Vec<Value> = self.label_command("MGET", keys, pids.join(",")).await?;
         Ok(pids
@@ -123,14 +123,9 @@ impl Engine {
     /// Writes process `pid`'s label (`LockerBuilder::label`) for `status`, kept for the
     /// retention; false when Redis did not take it in time.
     pub(crate) async fn write_label(&self, pid: &str) -> bool {
-        let key = crate::keys::label_key(&self.prefix, pid);
-        let px = self.retention.as_millis().max(1) as i64;
-        let args = vec![
-            key.into(),
-            self.label.as_str().into(),
-            "PX".into(),
-            px.into(),
-        ];
+        let key = crate::keys::label_key(&self.settings.prefix, pid);
+        let px = self.settings.retention.as_millis().max(1) as i64;
+        let args = vec![key.into(), self.label().into(), "PX".into(), px.into()];
         self.label_command::<Value>("SET", args, pid.to_owned())
             .await
             .is_ok()
@@ -150,11 +145,11 @@ impl Engine {
             fred::types::CustomCommand::new_static(cmd, Some(slot), false),
             args,
         );
-        match tokio::time::timeout(self.command_timeout, Box::pin(call)).await {
+        match tokio::time::timeout(self.settings.command_timeout, Box::pin(call)).await {
             Err(_) => Err(Error::Timeout {
                 key,
                 op: Op::Status,
-                after: self.command_timeout,
+                after: self.settings.command_timeout,
             }),
             Ok(r) => r.map_err(|source| Error::Redis {
                 key,

@@ -74,18 +74,28 @@ fn refused(e: &fred::error::Error) -> bool {
     ) && !e.details().starts_with("READONLY")
 }
 
+/// What the engine learned of the server's compare-and-delete command.
+#[derive(Default)]
+pub(crate) struct CompareDeleteState {
+    /// The command, once asked.
+    found: tokio::sync::OnceCell<Option<CompareDelete>>,
+    /// A node refused it: releases use the script only.
+    off: std::sync::atomic::AtomicBool,
+}
+
 impl Engine {
     /// The server's compare-and-delete command, asked once (`None`: it has none, it could not
     /// be asked, or a node refused it).
     async fn compare_delete(&self, client: &Client) -> Option<CompareDelete> {
-        if self.compare_delete_off.load(Ordering::Relaxed) {
+        if self.compare_delete.off.load(Ordering::Relaxed) {
             return None;
         }
         let found = self
             .compare_delete
+            .found
             .get_or_init(|| async {
                 let asked = tokio::time::timeout(
-                    self.command_timeout,
+                    self.settings.command_timeout,
                     client.custom::<Value, Value>(
                         CustomCommand::new_static("COMMAND", None, false),
                         vec!["INFO".into(), "DELEX".into(), "DELIFEQ".into()],
@@ -126,7 +136,7 @@ impl Engine {
                 // Refused (an unknown command on a node not upgraded, an ACL without it): the
                 // script from now on.
                 Ok(Err(e)) if refused(&e) => {
-                    self.compare_delete_off.store(true, Ordering::Relaxed);
+                    self.compare_delete.off.store(true, Ordering::Relaxed);
                 }
                 other => {
                     self.outcome(client, names, Op::Release, left, other)?;

@@ -424,7 +424,7 @@ pub(crate) async fn wait<T: Target>(
             // Boxed (as the attempts): its call state would otherwise size every waiting
             // future.
             // Its confirmation (if it needs one) ends by the wait's deadline too.
-            let (limit, _) = w.limit(engine.command_timeout, Instant::now());
+            let (limit, _) = w.limit(engine.settings.command_timeout, Instant::now());
             match Box::pin(take_grant(
                 engine, hub, target, &client, t.anchor, grant, limit,
             ))

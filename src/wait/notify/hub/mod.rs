@@ -70,7 +70,7 @@ pub(crate) struct Hub {
 /// acquisition's path: one command per third of the retention.
 async fn keep_label(engine: Weak<Engine>, pid: String) {
     let mut next = match engine.upgrade() {
-        Some(e) => e.retention / 3,
+        Some(e) => e.settings.retention / 3,
         None => return,
     };
     loop {
@@ -78,7 +78,7 @@ async fn keep_label(engine: Weak<Engine>, pid: String) {
         let Some(e) = engine.upgrade() else {
             return;
         };
-        let every = e.retention / 3;
+        let every = e.settings.retention / 3;
         next = if e.write_label(&pid).await {
             every
         } else {

@@ -28,7 +28,7 @@ pub(crate) enum Mode {
 pub(crate) async fn open(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     engine.meter.set_queued();
     let client = engine.backend.next_client();
-    let mode = detect_mode(client, engine.command_timeout).await?;
+    let mode = detect_mode(client, engine.settings.command_timeout).await?;
     let mut perf = client.perf_config();
     // Bursts of grants must not overflow the message buffer (fred's default is 32). The
     // dispatcher only looks each message up and wakes one waiter, so it drains far faster than
@@ -36,7 +36,7 @@ pub(crate) async fn open(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     // an overflow only makes every waiter check its lock.
     perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(4096);
     if perf.default_command_timeout.is_zero() {
-        perf.default_command_timeout = engine.command_timeout;
+        perf.default_command_timeout = engine.settings.command_timeout;
     }
     let subscriber = SubscriberClient::new(
         client.client_config(),
@@ -46,7 +46,7 @@ pub(crate) async fn open(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     );
     let messages = subscriber.message_rx();
     let reconnects = subscriber.reconnect_rx();
-    let connect_limit = engine.command_timeout.max(Duration::from_secs(1));
+    let connect_limit = engine.settings.command_timeout.max(Duration::from_secs(1));
     let fail = |source| Error::Connect {
         step: ConnectStep::ConnectSubscriber,
         target: "the subscriber connection".into(),
@@ -70,7 +70,7 @@ pub(crate) async fn open(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
     // On a cluster, a command that meets MOVED makes fred report a topology change: shard
     // channels of moved slots may have been dropped, so every channel is subscribed again.
     let topology = client.is_clustered().then(|| client.cluster_change_rx());
-    let switched = Some(engine.switched.subscribe());
+    let switched = Some(engine.failover.switched.subscribe());
     Ok(Hub::start(
         Arc::downgrade(engine),
         subscriber,
@@ -81,7 +81,7 @@ pub(crate) async fn open(engine: &Arc<Engine>) -> Result<Arc<Hub>> {
             topology,
             switched,
         },
-        engine.command_timeout,
+        engine.settings.command_timeout,
     ))
 }
 

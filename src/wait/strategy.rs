@@ -12,9 +12,10 @@ use crate::hold::guard::LockGuard;
 use crate::redis::Engine;
 use crate::stats::WakeStats;
 use crate::wait::notify::hub::Hub;
-use crate::wait::Request;
+use crate::wait::{once, Request};
 use std::future::Future;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 /// Waiting by polling (see the [module](self) docs).
 #[derive(Debug, Clone, Copy, Default)]
@@ -114,4 +115,61 @@ pub(crate) mod sealed {
             Some(&self.hub)
         }
     }
+}
+
+/// The way in for a lock's or permits' `acquire`: one attempt for `req` (or its validation
+/// error), counted in the locker's stats.
+#[tracing::instrument(name = "acquire", level = "debug", skip_all, fields(key = %key))]
+pub(crate) async fn acquire(
+    engine: &Arc<Engine>,
+    key: &str,
+    req: Result<Request>,
+) -> Result<LockGuard> {
+    let result = match req {
+        Ok(req) => once(engine, &req).await,
+        Err(e) => Err(e),
+    };
+    engine.meter.record(key, &result, None);
+    result
+}
+
+/// The way in for a lock's or permits' `acquire_wait`: waits for `req` (or returns its
+/// validation error) as `strategy` does, counted in the locker's stats and traced.
+#[tracing::instrument(
+    name = "acquire_wait",
+    level = "debug",
+    skip_all,
+    fields(
+        key = %key,
+        locker = engine.meter.subject("").locker,
+        waited_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        fence = tracing::field::Empty,
+    )
+)]
+pub(crate) async fn acquire_wait<S: Strategy>(
+    engine: &Arc<Engine>,
+    strategy: &S,
+    key: &str,
+    req: Result<Request>,
+) -> Result<LockGuard> {
+    let start = Instant::now();
+    let result = match req {
+        Ok(req) => strategy.wait(engine, &req).await,
+        Err(e) => Err(e),
+    };
+    let waited = start.elapsed();
+    engine.meter.record(key, &result, Some(waited));
+    let span = tracing::Span::current();
+    span.record("waited_ms", waited.as_secs_f64() * 1e3);
+    match &result {
+        Ok(g) => {
+            span.record("outcome", "acquired");
+            span.record("fence", g.fence());
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e));
+        }
+    }
+    result
 }
