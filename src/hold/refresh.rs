@@ -452,7 +452,7 @@ impl Refreshing {
                 // at its deadline while it waited its turn (review 3, finding 4). They share
                 // one client, which keeps their order.
                 let extends = alone.into_iter().map(|s| self.alone(&engine, client, s));
-                crate::wait::set::join_all(extends.collect()).await;
+                crate::tasks::join_all(extends.collect()).await;
             }
             Err(e) => {
                 let n = leases.len();

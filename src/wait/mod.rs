@@ -8,7 +8,7 @@
 
 pub(crate) mod jitter;
 pub(crate) mod notify;
-pub(crate) mod set;
+
 pub mod strategy;
 
 use crate::error::{Error, Result};
@@ -49,7 +49,7 @@ pub(crate) fn new_token() -> String {
 /// A token generated for a caller in process `pid`: a queued locker's start with its process
 /// id (`"<pid>/<uuid>"`), so that the scripts know the holder's process (they keep the two
 /// watchers out of it; see queue.lua's header); a polling locker's are a bare uuid.
-fn own_token(pid: &str) -> String {
+pub(crate) fn own_token(pid: &str) -> String {
     if pid.is_empty() {
         new_token()
     } else {
@@ -262,7 +262,7 @@ pub(crate) struct Waiting {
     /// The error of the last attempt, when it failed for a reason worth reporting instead of
     /// `WaitTimeout` (a connection error, or a timeout of the full command timeout).
     /// (Boxed: it is rare, and an `Error` inline would size every waiting future.)
-    last_error: Option<Box<Error>>,
+    pub(crate) last_error: Option<Box<Error>>,
     /// Made on first use: a queued waiter never needs it (and every waiting future would
     /// carry it).
     delays: Option<Box<Delays>>,
@@ -392,7 +392,7 @@ impl Waiting {
     /// An attempt that failed: a connection error or timeout is worth retrying until the
     /// deadline (and is remembered for the give-up rule, except a timeout that only the wait
     /// deadline caused); others end the wait.
-    fn failed<T>(&mut self, e: Error, cut: bool) -> Result<Step<T>> {
+    pub(crate) fn failed<T>(&mut self, e: Error, cut: bool) -> Result<Step<T>> {
         if !e.is_transient() || self.try_once() {
             return Err(e);
         }

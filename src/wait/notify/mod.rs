@@ -25,7 +25,6 @@
 pub(crate) mod hub;
 pub(crate) mod stats;
 
-use super::set::SetRequest;
 use super::{Request, Step, Waiting};
 use crate::error::{Error, Result};
 use crate::hold::guard::LockGuard;
@@ -148,57 +147,6 @@ impl Target for Request {
 
     fn give_up(&self, w: &mut Waiting) -> Error {
         w.give_up(self)
-    }
-}
-
-impl Target for SetRequest {
-    type Out = Vec<LockGuard>;
-
-    fn head(&self) -> &Request {
-        &self.reqs[0]
-    }
-
-    fn attempt<'a>(
-        &'a self,
-        w: &'a mut Waiting,
-        engine: &'a Arc<Engine>,
-        client: &'a Client,
-        member: &'a str,
-    ) -> impl Future<Output = Result<Step<Vec<LockGuard>>>> + Send + 'a {
-        w.attempt_queued_set(engine, self, client, member)
-    }
-
-    async fn once<'a>(&'a self, engine: &'a Arc<Engine>) -> Result<Vec<LockGuard>> {
-        super::set::once(engine, &self.reqs).await
-    }
-
-    fn member(&self, pid: &str) -> String {
-        SetRequest::member(self, pid)
-    }
-
-    fn fits(&self, grant: &Grant) -> bool {
-        grant.others.len() + 1 == self.reqs.len()
-    }
-
-    async fn granted<'a>(
-        &'a self,
-        engine: &'a Arc<Engine>,
-        client: &'a Client,
-        hold: Hold,
-        grant: &'a Grant,
-        limit: Duration,
-    ) -> Result<Option<Vec<LockGuard>>> {
-        let holds = grant.fences().map(|fence| Hold { fence, ..hold }).collect();
-        self.full_leases(engine, client, holds, false, limit).await
-    }
-
-    fn leave_in_background(&self, engine: &Arc<Engine>, pid: &str) {
-        SetRequest::leave_in_background(self, engine, self.member(pid), pid.to_owned());
-    }
-
-    fn give_up(&self, w: &mut Waiting) -> Error {
-        let blocked = self.blocked.load(Ordering::Relaxed);
-        w.give_up(self.reqs.get(blocked).unwrap_or(&self.reqs[0]))
     }
 }
 

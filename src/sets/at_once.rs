@@ -7,18 +7,165 @@
 //! It never holds a key while it waits, and never takes a key whose queue may have waiters
 //! (they come first, as for one key).
 
-use super::{Request, Waiting};
-use crate::error::{Error, Result};
+use super::guard::{release_all, LockSetGuard};
+use crate::error::{Error, Op, Result};
 use crate::hold::guard::{release_many, LockGuard};
 use crate::hold::lease::Hold;
 use crate::hold::refresh::Refreshing;
 use crate::keys::Names;
 use crate::limits::TAKE_SET_MAX;
+use crate::locker::Locker;
 use crate::options::LockOptions;
 use crate::redis::{Engine, ResidueGuard, SetAttempt};
+use crate::wait::strategy::Strategy;
+use crate::wait::{Request, Waiting};
+use std::future::Future;
+use std::panic::resume_unwind;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+impl<S: Strategy> Locker<S> {
+    /// The set a path took (`taken`, after `waited` if it waited), counted in the locker's
+    /// stats for each key: each key kept alive with the set's shared loss token, or, when one
+    /// was lost already, every key released and `Expired` naming it.
+    pub(super) async fn held_set(
+        &self,
+        keys: &[String],
+        taken: Result<Vec<LockGuard>>,
+        waited: Option<Duration>,
+    ) -> Result<LockSetGuard> {
+        for key in keys {
+            self.engine.meter.record(key, &taken, waited);
+        }
+        let mut guards = taken?;
+        let lost = CancellationToken::new();
+        for guard in &mut guards {
+            guard.share_loss(&lost);
+        }
+        if let Some((key, reason)) = guards
+            .iter()
+            .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
+        {
+            release_all(guards, false).await;
+            return Err(Error::Expired { key, reason });
+        }
+        Ok(LockSetGuard { guards, lost })
+    }
+
+    /// Takes `keys` (on one node) at once: every key in one script, or none (one attempt, or,
+    /// waiting, a polling wait that holds nothing between attempts), each kept alive from the
+    /// moment it is taken, with the set's shared loss token. Calls of at most
+    /// `TAKE_SET_MAX` (256) keys each, in order: the first that finds a key held gives back
+    /// what the ones before it took.
+    pub(super) async fn take_at_once(
+        &self,
+        keys: &[String],
+        opts: &LockOptions,
+        wait: bool,
+    ) -> Result<LockSetGuard> {
+        let start = Instant::now();
+        let pid = self.strategy.process_id();
+        let mut reqs = requests(self.holding(), keys, opts, pid)?;
+        let taken = if wait {
+            poll(&self.engine, &mut reqs, pid).await
+        } else {
+            once(&self.engine, &reqs).await
+        };
+        self.held_set(keys, taken, wait.then(|| start.elapsed()))
+            .await
+    }
+
+    /// One attempt at each of `keys` (in order), all at once: the keys of one hash slot (all
+    /// of them on a single server) in one call per 256 keys, all or none, each key kept alive
+    /// from the moment it is taken. Keeps the run of keys taken from the first (their
+    /// keep-alives moved to `lost`) and releases those taken after the first that failed
+    /// (holding them while waiting for it could deadlock); gives that failure. (A call that
+    /// fails takes none of its keys, so the run kept ends before that call's first key.)
+    pub(super) async fn attempt_all(
+        &self,
+        keys: &[String],
+        opts: &LockOptions,
+        lost: &CancellationToken,
+    ) -> (Vec<LockGuard>, Option<Error>) {
+        // Runs of keys in one slot (the keys are sorted by slot), at most 256 each.
+        let mut groups: Vec<&[String]> = Vec::new();
+        let mut from = 0;
+        while from < keys.len() {
+            let end = self.run_end(keys, from);
+            groups.extend(keys[from..end].chunks(TAKE_SET_MAX));
+            from = end;
+        }
+        // A dropped call aborts the attempts, and each attempt's own cancel safety (or a
+        // finished one's guards dropping) releases its keys.
+        let outcomes = all_at_once(groups.iter().map(|group| {
+            let engine = Arc::clone(&self.engine);
+            let reqs = requests(self.holding(), group, opts, self.strategy.process_id());
+            async move {
+                let reqs = reqs?;
+                let taken = once(&engine, &reqs).await;
+                // (each key counts as one attempt in the locker's stats, as a key's `acquire`)
+                for req in &reqs {
+                    engine.meter.record(&req.names.key, &taken, None);
+                }
+                taken
+            }
+        }))
+        .await;
+        let (mut kept, mut extra, mut failed) = (Vec::new(), Vec::new(), None);
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                Some(Ok(guards)) if failed.is_none() => {
+                    for mut guard in guards {
+                        guard.share_loss(lost);
+                        kept.push(guard);
+                    }
+                }
+                Some(Ok(guards)) => extra.extend(guards),
+                Some(Err(e)) if failed.is_none() => failed = Some(e),
+                // Its task was cancelled: the runtime is shutting down.
+                None if failed.is_none() => {
+                    failed = Some(Error::Redis {
+                        key: groups[i][0].clone(),
+                        op: Op::Acquire,
+                        source: fred::error::Error::new(
+                            fred::error::ErrorKind::Canceled,
+                            "the attempt's task was cancelled (the runtime is shutting down)",
+                        ),
+                    })
+                }
+                _ => {}
+            }
+        }
+        release_all(extra, false).await;
+        (kept, failed)
+    }
+}
+
+/// Runs `calls` as tasks, so they all go out together; their outcomes in `calls`' order
+/// (`None` for a task cancelled by the runtime shutting down). A panic in one resumes here
+/// (a bug: what the task held was dropped with it). A dropped call aborts the tasks.
+pub(super) async fn all_at_once<T, F>(calls: impl Iterator<Item = F>) -> Vec<Option<T>>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut outcomes = Vec::new();
+    for (i, call) in calls.enumerate() {
+        tasks.spawn(async move { (i, call.await) });
+        outcomes.push(None);
+    }
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, outcome)) => outcomes[i] = Some(outcome),
+            Err(e) if e.is_panic() => resume_unwind(e.into_panic()),
+            Err(_) => {}
+        }
+    }
+    outcomes
+}
 
 /// The requests of a set, one per key (in the order given), sharing one generated token: all
 /// of the set's calls then go through one client, in order (a give-back after a call whose
@@ -36,22 +183,6 @@ pub(crate) fn requests(
             req.token = Arc::clone(&first.token);
         }
         reqs.push(req);
-    }
-    Ok(reqs)
-}
-
-/// The requests of a set that a queued locker of process `pid` waits for at once (see
-/// [`SetRequest`]): as [`requests`] makes them, but each sent as the waiting process's (its
-/// queueing calls name it).
-pub(crate) fn queued_requests(
-    holding: (&Engine, &Arc<Refreshing>),
-    keys: &[String],
-    opts: &LockOptions,
-    pid: &str,
-) -> Result<Vec<Request>> {
-    let mut reqs = requests(holding, keys, opts, pid)?;
-    for req in &mut reqs {
-        req.pid = pid.to_owned();
     }
     Ok(reqs)
 }
@@ -222,7 +353,7 @@ pub(crate) async fn poll(
     let mut blocked = 0;
     loop {
         if w.attempts > 0 {
-            let token: Arc<str> = Arc::from(super::own_token(token_pid));
+            let token: Arc<str> = Arc::from(crate::wait::own_token(token_pid));
             for req in reqs.iter_mut() {
                 req.token = Arc::clone(&token);
             }
@@ -237,208 +368,6 @@ pub(crate) async fn poll(
         };
         if !w.pause(&reqs[blocked].names.key, remaining).await {
             return Err(w.give_up(&reqs[blocked]));
-        }
-    }
-}
-
-/// A queued locker's wait for a set on one node, all of its keys at once: its requests (one
-/// per key, in the one order: by hash slot, then by key; sharing one generated token), waited
-/// for as one ([`notify::Target`](super::notify::Target)): its member in every key's queue,
-/// holding nothing, granted every key in one step and one message (`lua/set_acquire.lua`).
-pub(crate) struct SetRequest {
-    pub(crate) reqs: Vec<Request>,
-    /// The key the last attempt found held (an index into `reqs`): what a timeout names.
-    pub(crate) blocked: std::sync::atomic::AtomicUsize,
-}
-
-impl SetRequest {
-    pub(crate) fn new(reqs: Vec<Request>) -> SetRequest {
-        SetRequest {
-            reqs,
-            blocked: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// Leaves every queue of the set (`member`, unless empty, of process `pid`) and gives back
-    /// whatever its token holds, in the background.
-    pub(crate) fn leave_in_background(&self, engine: &Arc<Engine>, member: String, pid: String) {
-        engine.set_leave_in_background(
-            self.reqs.iter().map(|r| r.names.clone()).collect(),
-            self.reqs[0].token.to_string(),
-            member,
-            pid,
-            None,
-        );
-    }
-
-    /// The keys' names, in order.
-    pub(crate) fn names(&self) -> Vec<&Names> {
-        self.reqs.iter().map(|r| &r.names).collect()
-    }
-
-    /// The set's member in its keys' queues (see `protocol::set_member`).
-    pub(crate) fn member(&self, pid: &str) -> String {
-        let head = &self.reqs[0];
-        crate::redis::protocol::set_member(
-            pid,
-            head.plan.ttl_ms,
-            &head.token,
-            self.reqs.iter().map(|r| r.names.lock.as_str()),
-        )
-    }
-
-    /// The set's guards for `holds` (one per key, in order), each with its whole TTL asked
-    /// for, as [`Request::full_lease`] makes one key's (the keys whose lease is short are
-    /// extended, all at once). `None`: a key is no longer held by the set (the others are
-    /// given back before this returns).
-    pub(crate) async fn full_leases(
-        &self,
-        engine: &Arc<Engine>,
-        client: &fred::clients::Client,
-        holds: Vec<Hold>,
-        written_by_us: bool,
-        limit: Duration,
-    ) -> Result<Option<Vec<LockGuard>>> {
-        let leases = self
-            .reqs
-            .iter()
-            .zip(holds)
-            .map(|(req, hold)| req.full_lease(engine, client, hold, written_by_us, limit));
-        let outcomes = join_all(leases.collect()).await;
-        let mut guards = Vec::with_capacity(outcomes.len());
-        let mut failed: Option<Result<Option<Vec<LockGuard>>>> = None;
-        for outcome in outcomes {
-            match outcome {
-                Ok(Some(g)) => guards.push(g),
-                Ok(None) => failed = failed.or(Some(Ok(None))),
-                Err(e) => failed = Some(Err(e)),
-            }
-        }
-        match failed {
-            None => Ok(Some(guards)),
-            Some(outcome) => {
-                release_many(guards).await;
-                outcome
-            }
-        }
-    }
-}
-
-/// Polls `futures` together (they share the caller's task: one token's calls on one client
-/// go out together); their outputs in order.
-pub(crate) async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
-}
-
-impl Waiting {
-    /// One attempt at the queued set `set` on `client` (`lua/set_acquire.lua`), queueing
-    /// `member` in every key's queue unless it is empty: every key held and kept to its full
-    /// lease, or held by others (and queued). An attempt without a member whose outcome is
-    /// unknown (dropped, or timed out: it may still run) gives back what it may have taken,
-    /// in the background after it; a queued waiter's departure does that for its attempts.
-    pub(crate) async fn attempt_queued_set(
-        &mut self,
-        engine: &Arc<Engine>,
-        set: &SetRequest,
-        client: &fred::clients::Client,
-        member: &str,
-    ) -> Result<super::Step<Vec<LockGuard>>> {
-        use super::Step;
-        use crate::redis::scripts::Call;
-        use crate::redis::SetTry;
-        let head = &set.reqs[0];
-        let sent_at = Instant::now();
-        let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
-        self.attempts += 1;
-        let call = Call {
-            ttl_ms: head.plan.ttl_ms,
-            member,
-            pid: if member.is_empty() { "" } else { &head.pid },
-            ..Call::new(&head.names, &head.token)
-        };
-        let names = set.names();
-        let mut residue = SetResidue {
-            engine,
-            set,
-            armed: member.is_empty(),
-        };
-        let reply = engine.set_attempt_on(client, &names, &call, limit).await;
-        if matches!(&reply, Ok(SetTry::Locked { .. }))
-            || matches!(&reply, Err(e) if !e.is_transient())
-        {
-            residue.armed = false;
-        }
-        let ttl = head.plan.ttl();
-        let holds: Vec<Hold> = match reply {
-            Ok(SetTry::Acquired { fences }) | Ok(SetTry::Granted { fences }) => fences
-                .into_iter()
-                .map(|f| Hold::sent(f, sent_at, ttl))
-                .collect(),
-            // (The set's token is generated: a hold of it is this wait's.)
-            Ok(SetTry::AlreadyHeld { fences, remaining }) => fences
-                .into_iter()
-                .map(|f| Hold::sent(f, sent_at, remaining.unwrap_or(ttl)))
-                .collect(),
-            Ok(SetTry::Locked {
-                index,
-                remaining,
-                queued,
-            }) => {
-                self.last_error = None;
-                set.blocked
-                    .store(index, std::sync::atomic::Ordering::Relaxed);
-                return Ok(Step::Held {
-                    remaining,
-                    queued,
-                    sent_at,
-                });
-            }
-            Err(e) => return self.failed(e, cut),
-        };
-        match set.full_leases(engine, client, holds, true, limit).await {
-            Ok(Some(g)) => {
-                residue.armed = false;
-                Ok(Step::Won(g))
-            }
-            // Held by our token a moment ago, gone now (it expired): try again.
-            Ok(None) => Ok(Step::Failed),
-            Err(e) => self.failed(e, cut),
-        }
-    }
-}
-
-/// Gives back whatever a set's token may have taken by an attempt whose outcome is unknown,
-/// when dropped armed.
-struct SetResidue<'a> {
-    engine: &'a Arc<Engine>,
-    set: &'a SetRequest,
-    armed: bool,
-}
-
-impl Drop for SetResidue<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.set
-                .leave_in_background(self.engine, String::new(), String::new());
         }
     }
 }
