@@ -72,23 +72,28 @@ fn int(v: &Value) -> i64 {
     }
 }
 
-/// The script `name` of commit `rev`, composed as `src/redis/scripts.rs` composes it.
+/// The script `name` of commit `rev`, composed as `src/redis/scripts.rs` composes it (the
+/// queue layer's second file, `queue_walk.lua`, where the commit has it: it was one file
+/// until issue 52).
 fn script_at(rev: &str, name: &str) -> String {
-    ["queue", "lock", name]
+    ["queue", "queue_walk", "lock", name]
         .iter()
-        .map(|f| {
+        .filter_map(|f| {
             let path = format!("{rev}:src/redis/lua/{f}.lua");
             let out = std::process::Command::new("git")
                 .args(["show", &path])
                 .output()
                 .unwrap_or_else(|e| panic!("git show {path}: {e}"));
+            if *f == "queue_walk" && !out.status.success() {
+                return None;
+            }
             assert!(
                 out.status.success(),
                 "git show {path}: {} (BENCH_SCRIPTS_FROM needs a commit with the queue layer's \
                  files, src/redis/lua/queue.lua and lock.lua)",
                 String::from_utf8_lossy(&out.stderr).trim()
             );
-            String::from_utf8(out.stdout).expect("utf-8 script")
+            Some(String::from_utf8(out.stdout).expect("utf-8 script"))
         })
         .collect()
 }

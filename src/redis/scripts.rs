@@ -41,6 +41,7 @@ macro_rules! lua {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue.lua"),
+            include_str!("lua/queue_walk.lua"),
             include_str!("lua/lock.lua"),
             include_str!($file)
         )
@@ -84,6 +85,7 @@ macro_rules! permits_lua {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue.lua"),
+            include_str!("lua/queue_walk.lua"),
             include_str!("lua/permits.lua"),
             include_str!($file)
         )

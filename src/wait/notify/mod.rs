@@ -18,9 +18,9 @@
 //! A dropped waiter leaves the queue in the background and gives back a grant it may have
 //! been sent, so the next waiter is served at once.
 //!
-//! Model: `wait` and `take_grant` are mirrored by `System::start`, `attempt`, `on_attempt`,
-//! `wake` and `take_grant` in model/src/waiter.rs, its loop state `Turn` by `Wt` (change
-//! both together).
+//! Model: the waiter's steps (`Waiter::attempt`, `sleep`, `grant`, `wake`) and `take_grant`
+//! are mirrored by `System::start`, `attempt`, `on_attempt`, `wake` and `take_grant` in
+//! model/src/waiter.rs, its loop state `Turn` by `Wt` (change both together).
 
 pub(crate) mod hub;
 pub(crate) mod stats;
@@ -32,7 +32,7 @@ use crate::hold::lease::{validity_deadline, Hold};
 use crate::redis::protocol::{self, Flag, Grant};
 use crate::redis::Engine;
 use fred::clients::Client;
-use hub::{Hub, SubState};
+use hub::{Hub, Registration, SubState};
 use stats::WakeReason;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -228,7 +228,6 @@ pub(crate) async fn wait<T: Target>(
     if req.plan.wait.is_zero() {
         return target.once(engine).await;
     }
-    let counters = &hub.counters;
     let mut w = Waiting::new(&req.plan);
     // Every call of the request on one client, so Redis runs them in order.
     let client = req.client(engine).clone();
@@ -237,7 +236,7 @@ pub(crate) async fn wait<T: Target>(
     // the queueing attempt below takes a free lock as a plain attempt would, so that one
     // would be a wasted call.
     if !hub.listening(&channel) {
-        counters.attempts.fetch_add(1, Ordering::Relaxed);
+        hub.counters.attempts.fetch_add(1, Ordering::Relaxed);
         // Boxed (as every attempt below): its state would otherwise stay in every waiting
         // future.
         if let Step::Won(g) = Box::pin(target.attempt(&mut w, engine, &client, "")).await? {
@@ -246,154 +245,243 @@ pub(crate) async fn wait<T: Target>(
     }
     let registration = hub.register(&req.names.key, &channel, &req.token)?;
     drop(channel);
-    let cell = &registration.cell;
-    let mut queue = Departure {
+    let mut waiter = Waiter {
         engine,
+        hub,
         target,
-        pid: &hub.pid,
-        armed: false,
+        client,
+        w,
+        t: Turn::default(),
+        queue: Departure {
+            engine,
+            target,
+            pid: &hub.pid,
+            armed: false,
+        },
+        registration,
     };
-    let slot = &registration.slot;
-    let mut t = Turn::default();
     loop {
-        let now = Instant::now();
-        if t.check {
-            // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
-            // queued waiter that nobody listens for. While it is pending (first subscription,
-            // or after a reconnect) wait for the hub's wake-up at its confirmation; while it
-            // has failed, poll without queueing.
-            t.timer = match slot.state() {
-                SubState::Pending => {
-                    // No look until Redis confirms the subscription (the hub wakes us then): a
-                    // watch time that has passed must not make this loop spin.
-                    t.watch = None;
-                    w.deadline.saturating_duration_since(now)
-                }
-                state => {
-                    let listening = state == SubState::Confirmed;
-                    queue.armed |= listening;
-                    counters.attempts.fetch_add(1, Ordering::Relaxed);
-                    let step = {
-                        // Built per attempt: a waiting future keeps no copy of it.
-                        let member = if listening {
-                            target.member(&hub.pid)
-                        } else {
-                            String::new()
-                        };
-                        Box::pin(target.attempt(&mut w, engine, &client, &member)).await?
-                    };
-                    let now = Instant::now();
-                    match step {
-                        Step::Won(g) => {
-                            queue.armed = false;
-                            crate::metrics::handoff(engine.meter.subject(&req.names.key), false);
-                            return Ok(g);
-                        }
-                        Step::Held {
-                            remaining,
-                            queued: Some(q),
-                            sent_at,
-                        } if listening => {
-                            t.anchor = Some(Anchor {
-                                sent_at,
-                                redis_us: q.redis_us,
-                                fence: q.fence,
-                            });
-                            crate::metrics::queue_depth(
-                                engine.meter.subject(&req.names.key),
-                                q.depth,
-                            );
-                            if q.deaf {
-                                // Redis dropped our subscription without telling fred (a
-                                // Cluster slot moved): subscribe again, then check. While a
-                                // slot migrates, scripts run on the importing node (ASK) and
-                                // the subscription on the source: wait a growing delay, not
-                                // spin.
-                                hub.lost_subscription(slot);
-                                t.deaf = t.deaf.saturating_add(1);
-                                let pause = Duration::from_millis(10 << t.deaf.min(7))
-                                    .min(w.deadline.saturating_duration_since(now));
-                                sleep(pause).await;
-                                continue;
-                            }
-                            t.deaf = 0;
-                            // A watcher looks when the holder's lease ends (plus a little:
-                            // PTTL rounds down); the others wait to be told.
-                            // (From the attempt's send: Redis ran it no earlier, so the lease
-                            // ends no earlier than that; a late reply does not make us late.)
-                            t.watch = q.watcher.then(|| {
-                                sent_at
-                                    + remaining
-                                        .map(|r| r + Duration::from_millis(1))
-                                        .unwrap_or(SAFETY_INTERVAL)
-                            });
-                            spread(SAFETY_INTERVAL)
-                        }
-                        Step::Held { remaining, .. } => {
-                            t.anchor = None;
-                            w.backoff(now, remaining)
-                        }
-                        Step::Failed => w.backoff(now, None),
-                    }
-                }
-            };
+        if waiter.t.check {
+            match waiter.attempt().await? {
+                Next::Done(out) => return Ok(out),
+                Next::Again => continue,
+                Next::On => {}
+            }
         }
+        let reason = waiter.sleep().await;
+        match waiter.grant().await? {
+            Next::Done(out) => return Ok(out),
+            Next::Again => continue,
+            Next::On => {}
+        }
+        waiter.wake(reason);
+        if Instant::now() >= waiter.w.deadline {
+            // The departure takes us out of the queue in the background.
+            return Err(target.give_up(&mut waiter.w));
+        }
+        let attempts = waiter.w.attempts;
+        tracing::debug!(key = %req.names.key, attempts, ?reason, "woke (None = timer)");
+    }
+}
+
+/// What a step of the wait loop leads to.
+enum Next<O> {
+    /// The wait ends with this.
+    Done(O),
+    /// Back to the loop's top (look again, or sleep again).
+    Again,
+    /// On to the loop's next step.
+    On,
+}
+
+/// A queued waiter: the wait loop's state ([`Turn`], the model's `Wt`) and what it waits
+/// with. Its steps are the model's: [`attempt`](Self::attempt) (`attempt`, `on_attempt`),
+/// [`sleep`](Self::sleep), [`grant`](Self::grant) (`take_grant`) and [`wake`](Self::wake)
+/// (`wake`).
+struct Waiter<'a, T: Target> {
+    engine: &'a Arc<Engine>,
+    hub: &'a Arc<Hub>,
+    target: &'a T,
+    client: Client,
+    w: Waiting,
+    t: Turn,
+    /// Dropped before the registration (fields drop in order): the waiter leaves the queue,
+    /// then stops listening.
+    queue: Departure<'a, T>,
+    registration: Registration,
+}
+
+impl<T: Target> Waiter<'_, T> {
+    /// Looks at the lock: one attempt, queueing this waiter when Redis has confirmed its
+    /// subscription; sets when it sleeps and whether it watches the lock.
+    async fn attempt(&mut self) -> Result<Next<T::Out>> {
         let now = Instant::now();
-        let mut sleep_for = t.timer.min(w.deadline.saturating_duration_since(now));
-        if let Some(at) = t.watch {
+        // Queue only on a subscription Redis has confirmed: a release skips (and drops) a
+        // queued waiter that nobody listens for. While it is pending (first subscription, or
+        // after a reconnect) wait for the hub's wake-up at its confirmation; while it has
+        // failed, poll without queueing.
+        let state = self.registration.slot.state();
+        if state == SubState::Pending {
+            // No look until Redis confirms the subscription (the hub wakes us then): a watch
+            // time that has passed must not make this loop spin.
+            self.t.watch = None;
+            self.t.timer = self.w.deadline.saturating_duration_since(now);
+            return Ok(Next::On);
+        }
+        let listening = state == SubState::Confirmed;
+        self.queue.armed |= listening;
+        self.hub.counters.attempts.fetch_add(1, Ordering::Relaxed);
+        let step = {
+            // Built per attempt: a waiting future keeps no copy of it.
+            let member = if listening {
+                self.target.member(&self.hub.pid)
+            } else {
+                String::new()
+            };
+            let attempt = self
+                .target
+                .attempt(&mut self.w, self.engine, &self.client, &member);
+            Box::pin(attempt).await?
+        };
+        let now = Instant::now();
+        let subject = || self.engine.meter.subject(&self.target.head().names.key);
+        self.t.timer = match step {
+            Step::Won(g) => {
+                self.queue.armed = false;
+                crate::metrics::handoff(subject(), false);
+                return Ok(Next::Done(g));
+            }
+            Step::Held {
+                remaining,
+                queued: Some(q),
+                sent_at,
+            } if listening => {
+                self.t.anchor = Some(Anchor {
+                    sent_at,
+                    redis_us: q.redis_us,
+                    fence: q.fence,
+                });
+                crate::metrics::queue_depth(subject(), q.depth);
+                if q.deaf {
+                    // Redis dropped our subscription without telling fred (a Cluster slot
+                    // moved): subscribe again, then check. While a slot migrates, scripts run
+                    // on the importing node (ASK) and the subscription on the source: wait a
+                    // growing delay, not spin.
+                    self.hub.lost_subscription(&self.registration.slot);
+                    self.t.deaf = self.t.deaf.saturating_add(1);
+                    let pause = Duration::from_millis(10 << self.t.deaf.min(7))
+                        .min(self.w.deadline.saturating_duration_since(now));
+                    sleep(pause).await;
+                    return Ok(Next::Again);
+                }
+                self.t.deaf = 0;
+                // A watcher looks when the holder's lease ends (plus a little: PTTL rounds
+                // down); the others wait to be told. (From the attempt's send: Redis ran it
+                // no earlier, so the lease ends no earlier than that; a late reply does not
+                // make us late.)
+                self.t.watch = q.watcher.then(|| {
+                    sent_at
+                        + remaining
+                            .map(|r| r + Duration::from_millis(1))
+                            .unwrap_or(SAFETY_INTERVAL)
+                });
+                spread(SAFETY_INTERVAL)
+            }
+            Step::Held { remaining, .. } => {
+                self.t.anchor = None;
+                self.w.backoff(now, remaining)
+            }
+            Step::Failed => self.w.backoff(now, None),
+        };
+        Ok(Next::On)
+    }
+
+    /// Waits for the grant, a watch message, a wake-up (reconnect, lost messages, a confirmed
+    /// subscription, a resumed process), the look of a watcher, the timer or the deadline;
+    /// what woke it (`None`: a timer).
+    async fn sleep(&mut self) -> Option<WakeReason> {
+        let now = Instant::now();
+        let deadline = self.w.deadline;
+        let mut sleep_for = self.t.timer.min(deadline.saturating_duration_since(now));
+        if let Some(at) = self.t.watch {
             sleep_for = sleep_for.min(at.saturating_duration_since(now));
         }
-        let started = now;
         // The deadline is kept to the tick (tokio's timers fire on the millisecond after).
-        let at_deadline = now + sleep_for >= w.deadline;
+        let at_deadline = now + sleep_for >= deadline;
         if at_deadline {
             sleep_for = sleep_for.saturating_sub(super::TIMER_TICK);
         }
-        // Wait for the grant, a watch message, a wake-up (reconnect, lost messages, a
-        // confirmed subscription, a resumed process) or the timer.
+        let cell = &self.registration.cell;
         let reason = tokio::select! {
             _ = cell.wake.notified() => Some(cell.reason()),
             _ = sleep(sleep_for) => None,
         };
         if reason.is_none() && at_deadline {
-            super::until(w.deadline).await;
+            super::until(deadline).await;
         }
-        t.timer = t.timer.saturating_sub(started.elapsed());
-        // A grant published before our last queueing attempt ran (its fence is not above the
-        // fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
-        // queued us again. Its message may still arrive after the reply; it must not be used.
-        // (A grant that does not fit, a set's to one key or one key's to a set, is no
-        // version's: ignored, as a message nobody knows.)
-        if let Some(grant) = cell
+        self.t.timer = self.t.timer.saturating_sub(now.elapsed());
+        reason
+    }
+
+    /// Takes a grant from the mail, if one came: the lock (`Done`), or a look again
+    /// (`Again`: it lapsed, or its confirmation got no answer); `On` when none came.
+    ///
+    /// A grant published before our last queueing attempt ran (its fence is not above the
+    /// fence that attempt saw) had lapsed by then: the attempt found the lock not ours and
+    /// queued us again. Its message may still arrive after the reply; it must not be used. (A
+    /// grant that does not fit, a set's to one key or one key's to a set, is no version's:
+    /// ignored, as a message nobody knows.)
+    async fn grant(&mut self) -> Result<Next<T::Out>> {
+        let anchor = self.t.anchor;
+        let Some(grant) = self
+            .registration
+            .cell
             .take_grant()
-            .filter(|g| t.anchor.is_none_or(|a| g.fence > a.fence) && target.fits(g))
-        {
-            counters.woke(Some(WakeReason::Notification));
-            // Boxed (as the attempts): its call state would otherwise size every waiting
-            // future.
-            // Its confirmation (if it needs one) ends by the wait's deadline too.
-            let (limit, _) = w.limit(engine.settings.command_timeout, Instant::now());
-            match Box::pin(take_grant(
-                engine, hub, target, &client, t.anchor, grant, limit,
-            ))
-            .await
-            {
-                Ok(Some(g)) => {
-                    queue.armed = false;
-                    crate::metrics::handoff(engine.meter.subject(&req.names.key), true);
-                    return Ok(g);
-                }
-                // The grant lapsed before we could confirm it: this process may have been
-                // judged frozen, and its other waiters on the key skipped. They all look again.
-                Ok(None) => hub.wake_channel(&slot.channel, WakeReason::Resumed),
-                // Its confirmation got no answer (it may still run): look again; a hold of ours
-                // is then ours to keep, or given back by the queue residue.
-                Err(e) if e.is_transient() => {}
-                Err(e) => return Err(e),
+            .filter(|g| anchor.is_none_or(|a| g.fence > a.fence) && self.target.fits(g))
+        else {
+            return Ok(Next::On);
+        };
+        self.hub.counters.woke(Some(WakeReason::Notification));
+        // Its confirmation (if it needs one) ends by the wait's deadline too.
+        let (limit, _) = self
+            .w
+            .limit(self.engine.settings.command_timeout, Instant::now());
+        // Boxed (as the attempts): its call state would otherwise size every waiting future.
+        let taken = take_grant(
+            self.engine,
+            self.hub,
+            self.target,
+            &self.client,
+            anchor,
+            grant,
+            limit,
+        );
+        match Box::pin(taken).await {
+            Ok(Some(g)) => {
+                self.queue.armed = false;
+                let key = &self.target.head().names.key;
+                crate::metrics::handoff(self.engine.meter.subject(key), true);
+                return Ok(Next::Done(g));
             }
-            t.check = true;
-            continue;
+            // The grant lapsed before we could confirm it: this process may have been judged
+            // frozen, and its other waiters on the key skipped. They all look again.
+            Ok(None) => self
+                .hub
+                .wake_channel(&self.registration.slot.channel, WakeReason::Resumed),
+            // Its confirmation got no answer (it may still run): look again; a hold of ours is
+            // then ours to keep, or given back by the queue residue.
+            Err(e) if e.is_transient() => {}
+            Err(e) => return Err(e),
         }
+        self.t.check = true;
+        Ok(Next::Again)
+    }
+
+    /// After a sleep that brought no grant: whether the waiter looks at the lock next, and
+    /// when it looks as a watcher.
+    fn wake(&mut self, reason: Option<WakeReason>) {
+        let cell = &self.registration.cell;
+        let counters = &self.hub.counters;
         // A wake-up from the hub (lost messages, a reconnect, a resumed process, dropped
         // waiters) always makes the waiter look, even when a watch message came with it.
         let hub_woke = cell.take_hub_wake();
@@ -404,29 +492,24 @@ pub(crate) async fn wait<T: Target>(
             // grant's is, says when the lease ends at the latest, never later. One published
             // before our last queueing attempt ran is stale: that attempt's reply said more.
             counters.woke(Some(WakeReason::Watch));
-            if let Some(at) = look_at(t.anchor, px, at_us) {
-                t.watch = Some(at + Duration::from_millis(1));
+            if let Some(at) = look_at(self.t.anchor, px, at_us) {
+                self.t.watch = Some(at + Duration::from_millis(1));
             }
-            t.check = hub_woke;
+            self.t.check = hub_woke;
         } else if hub_woke || !matches!(reason, Some(WakeReason::Notification | WakeReason::Watch))
         {
             if reason != Some(WakeReason::Notification) {
                 counters.woke(reason);
             }
-            t.check = true;
+            self.t.check = true;
         } else {
             // Woken by a message with nothing in the mail: a permit left over (two messages
             // came before the waiter ran; the first wake took both mails), or a grant from
             // before our last queueing attempt, which that attempt saw. Nothing new to look
             // at, and a look now can cross our own grant and take it as a look. A timer that
             // is due fires at the next select.
-            t.check = false;
+            self.t.check = false;
         }
-        if Instant::now() >= w.deadline {
-            // The departure takes us out of the queue in the background.
-            return Err(target.give_up(&mut w));
-        }
-        tracing::debug!(key = %req.names.key, attempts = w.attempts, ?reason, "woke (None = timer)");
     }
 }
 
