@@ -204,9 +204,8 @@ impl Waiting {
     /// One attempt at the whole set `reqs` (see the [module](self) docs): every key taken and
     /// kept alive, or none held when it returns. A call whose outcome is unknown (dropped, or
     /// timed out: it may still run) gives back its keys in the background, after it.
-    /// `blocked`: the index of the key the last attempt found held; a set of several calls
-    /// first looks at that key's call's keys (one read, nothing written), so that a retry
-    /// that would stop there takes and gives back nothing before it.
+    /// `blocked`: the index of the key the last attempt found held (see
+    /// [`look_first`](Self::look_first)).
     pub(crate) async fn attempt_set(
         &mut self,
         engine: &Arc<Engine>,
@@ -218,31 +217,8 @@ impl Waiting {
         };
         let client = first.client(engine).clone();
         let ttl = first.plan.ttl();
-        let call = blocked / TAKE_SET_MAX;
-        if call > 0 {
-            if let Some(chunk) = reqs.chunks(TAKE_SET_MAX).nth(call) {
-                let sent_at = Instant::now();
-                let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
-                self.attempts += 1;
-                let locks: Vec<(&Names, &str)> =
-                    chunk.iter().map(|r| (&r.names, &*r.token)).collect();
-                match engine
-                    .take_set_on(&client, &locks, first.plan.ttl_ms, true, limit)
-                    .await
-                {
-                    Ok(SetAttempt::Taken { .. }) => {}
-                    Ok(SetAttempt::Held { index, remaining }) => {
-                        self.last_error = None;
-                        return Ok(SetStep::Held {
-                            index: call * TAKE_SET_MAX + index,
-                            remaining,
-                        });
-                    }
-                    // (The take that follows serves its queue.)
-                    Ok(SetAttempt::Queued { .. }) => {}
-                    Err(e) => return self.failed::<()>(e, cut).map(|_| SetStep::Failed),
-                }
-            }
+        if let Some(step) = self.look_first(engine, &client, reqs, blocked).await? {
+            return Ok(step);
         }
         let mut guards: Vec<LockGuard> = Vec::with_capacity(reqs.len());
         for (n, chunk) in reqs.chunks(TAKE_SET_MAX).enumerate() {
@@ -310,6 +286,42 @@ impl Waiting {
             });
         }
         Ok(SetStep::Won(guards))
+    }
+
+    /// A set of several calls first looks at the call of `blocked`, the key the last attempt
+    /// found held (one read, nothing written): `Some` when it is still held (or the look
+    /// failed), so that a retry that would stop there takes and gives back nothing before it.
+    async fn look_first(
+        &mut self,
+        engine: &Arc<Engine>,
+        client: &fred::clients::Client,
+        reqs: &[Request],
+        blocked: usize,
+    ) -> Result<Option<SetStep>> {
+        let call = blocked / TAKE_SET_MAX;
+        let Some(chunk) = reqs.chunks(TAKE_SET_MAX).nth(call).filter(|_| call > 0) else {
+            return Ok(None);
+        };
+        let sent_at = Instant::now();
+        let (limit, cut) = self.limit(engine.settings.command_timeout, sent_at);
+        self.attempts += 1;
+        let locks: Vec<(&Names, &str)> = chunk.iter().map(|r| (&r.names, &*r.token)).collect();
+        let ttl_ms = reqs[0].plan.ttl_ms;
+        match engine
+            .take_set_on(client, &locks, ttl_ms, true, limit)
+            .await
+        {
+            // (A queue is served by the take that follows.)
+            Ok(SetAttempt::Taken { .. } | SetAttempt::Queued { .. }) => Ok(None),
+            Ok(SetAttempt::Held { index, remaining }) => {
+                self.last_error = None;
+                Ok(Some(SetStep::Held {
+                    index: call * TAKE_SET_MAX + index,
+                    remaining,
+                }))
+            }
+            Err(e) => self.failed::<()>(e, cut).map(|_| Some(SetStep::Failed)),
+        }
     }
 }
 

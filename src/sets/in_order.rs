@@ -41,31 +41,10 @@ impl<S: Strategy> Locker<S> {
             while guards.len() < keys.len() && !lost.is_cancelled() {
                 let from = guards.len();
                 if !must_wait {
-                    let end = keys.len().min(from + BURST);
-                    let burst = &keys[from..end];
-                    attempts = attempts.saturating_add(burst.len() as u32);
-                    let (taken, failed) = self.attempt_all(burst, opts, &lost).await;
-                    guards.extend(taken);
-                    match failed {
-                        None => {}
-                        Some(e) if wait => {
-                            transient = e.is_transient().then_some(e);
-                            must_wait = true;
-                            // What is kept ends at a slot boundary: the keys taken of the run
-                            // that failed (by an earlier call of a run over 256 keys, or an
-                            // earlier burst) are given back, and the run is waited for whole.
-                            // Kept, a set at once in that slot could need one of them while it
-                            // heads the queue of a key this waiter waits for: each would wait
-                            // for the other (review 3, finding 1).
-                            let start = self.run_start(keys, guards.len());
-                            if start < guards.len() {
-                                release_all(guards.split_off(start), false).await;
-                            }
-                        }
-                        Some(e) => {
-                            release_all(guards, false).await;
-                            return Err(e);
-                        }
+                    let tried = self.burst(keys, &mut guards, opts, &lost, wait, &mut attempts);
+                    if let Some(e) = tried.await? {
+                        transient = e.is_transient().then_some(e);
+                        must_wait = true;
                     }
                     continue;
                 }
@@ -109,20 +88,54 @@ impl<S: Strategy> Locker<S> {
                 }
             }
             if lost.is_cancelled() {
-                let (key, reason) = guards
-                    .iter()
-                    .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
-                    .unwrap_or_else(|| (keys[0].clone(), LossReason::TokenGone));
-                release_all(guards, false).await;
+                let expired = lost_set(keys, guards).await;
                 // Taken again from the first: a key Redis lost (a restart, a failover). Not
                 // when nothing refreshes the keys: the first keys' TTL would elapse again
                 // while a later one is waited for, round after round.
                 if wait && opts.refresh() != Refresh::Off {
                     continue 'set;
                 }
-                return Err(Error::Expired { key, reason });
+                return Err(expired);
             }
             return Ok(LockSetGuard { guards, lost });
+        }
+    }
+
+    /// One burst of the in-order path: the next keys (at most `BURST`) tried all at once,
+    /// those taken from the first kept (see [`attempt_all`](Self::attempt_all)). Not waiting,
+    /// a failure ends the set: every key released, the failure returned. Waiting, the failure
+    /// is given (`Some`) and the run it failed in is waited for next: what is kept ends at a
+    /// slot boundary, the keys taken of that run (by an earlier call of a run over 256 keys,
+    /// or an earlier burst) given back. Kept, a set at once in that slot could need one of
+    /// them while it heads the queue of a key this waiter waits for: each would wait for the
+    /// other (review 3, finding 1).
+    async fn burst(
+        &self,
+        keys: &[String],
+        guards: &mut Vec<LockGuard>,
+        opts: &LockOptions,
+        lost: &CancellationToken,
+        wait: bool,
+        attempts: &mut u32,
+    ) -> Result<Option<Error>> {
+        let from = guards.len();
+        let burst = &keys[from..keys.len().min(from + BURST)];
+        *attempts = attempts.saturating_add(burst.len() as u32);
+        let (taken, failed) = self.attempt_all(burst, opts, lost).await;
+        guards.extend(taken);
+        match failed {
+            None => Ok(None),
+            Some(e) if wait => {
+                let start = self.run_start(keys, guards.len());
+                if start < guards.len() {
+                    release_all(guards.split_off(start), false).await;
+                }
+                Ok(Some(e))
+            }
+            Some(e) => {
+                release_all(std::mem::take(guards), false).await;
+                Err(e)
+            }
         }
     }
 
@@ -154,4 +167,15 @@ impl<S: Strategy> Locker<S> {
         }
         taken
     }
+}
+
+/// A set whose loss token fired while it was taken in order: every key released, and
+/// `Expired` naming the key lost (the first key, `TokenGone`, when none says).
+async fn lost_set(keys: &[String], guards: Vec<LockGuard>) -> Error {
+    let (key, reason) = guards
+        .iter()
+        .find_map(|g| g.loss().map(|r| (g.key().to_owned(), r)))
+        .unwrap_or_else(|| (keys[0].clone(), LossReason::TokenGone));
+    release_all(guards, false).await;
+    Error::Expired { key, reason }
 }
