@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::scripts::{args, run_rows, Args, Check, Kind, Raw, Row, DEAD, LIVE, LIVE2};
+use common::scripts::{args, run_rows, Args, Kind, Raw, Row, DEAD, LIVE, LIVE2};
 use common::{cmd, RedisServer};
 use std::time::Duration;
 use waitlock::fred::prelude::*;
@@ -39,298 +39,28 @@ const M_T3: &str = "aaaaaaaaaaaa 20000 w3:aaaaaaaaaaaa/t3";
 const M_B1: &str = "bbbbbbbbbbbb 20000 w1:bbbbbbbbbbbb/b1";
 const M_DEAD3: &str = "dddddddddddd 20000 w3:dddddddddddd/d3";
 
-fn rows() -> Vec<Row> {
-    use Check::*;
-    vec![
-        Row {
-            name: "acquire on a free key: a lease of the TTL, the state counts it",
-            setup: &[],
-            script: PERMIT_ACQUIRE,
-            call: args(T1),
-            reply: "[0, 10000, _]",
-            checks: &[
-                Lease(T1, Some((9_900, 10_000))),
-                FenceNow(" 3 1"),
-                Queue(&[]),
-            ],
-        },
-        Row {
-            name: "acquire by a holder: its lease and the fence of its hold, claimed",
-            setup: &[
-                "ZADD {L} {soon} w1:aaaaaaaaaaaa/t1",
-                "HSET {X} w1:aaaaaaaaaaaa/t1 100_g",
-                "SET {F} 100_3_1 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: args(T1),
-            reply: "[1, _, 100]",
-            checks: &[HGet(X, T1, Some("100")), Get(F, Some("100 3 1"))],
-        },
-        Row {
-            name: "acquire of more than is free, without a member: held, nothing changes",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "SET {F} 100_3_3 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: args(T1),
-            reply: "[2, _, 0]",
-            checks: &[Get(F, Some("100 3 3")), Queue(&[])],
-        },
-        Row {
-            name: "acquire of more than is free, with a member: queued, listening, a watcher",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "SET {F} 100_3_3 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: Args {
-                member: M_T1,
-                pid: LIVE,
-                ..args(T1)
-            },
-            reply: "[2, _, 1, 1, 100, 1, _, 1]",
-            checks: &[
-                Queue(&[M_T1]),
-                Process(LIVE, Some("now")),
-                Watcher("!w1", Some(M_T1)),
-                Ttl(Q, 3_600_000, 3_605_000),
-            ],
-        },
-        Row {
-            name: "another number of permits while the key is in use: {5, n}, nothing changes",
-            setup: &[
-                "ZADD {L} {soon} w1:bbbbbbbbbbbb/b1",
-                "SET {F} 100_2_1 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: args(T1),
-            reply: "[5, 2]",
-            checks: &[Get(F, Some("100 2 1")), Lease(T1, None)],
-        },
-        Row {
-            name: "release: the permits free, the head that fits granted a full lease and a g2",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "SET {F} 100_3_3 PX 60000",
-                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w2:aaaaaaaaaaaa/t2",
-                "HSET {P} aaaaaaaaaaaa {now}",
-            ],
-            script: PERMIT_RELEASE,
-            call: args(B3),
-            reply: "[2]",
-            checks: &[
-                Lease(B3, None),
-                Lease(T2, Some((19_900, 20_000))),
-                Queue(&[]),
-                Messages(&["aaaaaaaaaaaa: g2 "]),
-            ],
-        },
-        Row {
-            name: "release by a token that holds nothing: nothing of anyone else's is freed",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "SET {F} 100_3_3 PX 60000",
-            ],
-            script: PERMIT_RELEASE,
-            call: args(T1),
-            reply: "[0]",
-            checks: &[Lease(B3, Some((4_000, 5_000))), Get(F, Some("100 3 3"))],
-        },
-        Row {
-            name: "no barging: a head that does not fit holds back a lighter waiter behind it",
-            setup: &[
-                "ZADD {L} {soon} w1:bbbbbbbbbbbb/b1",
-                "ZADD {L} {soon} w2:bbbbbbbbbbbb/b2",
-                "SET {F} 100_3_3 PX 60000",
-                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w3:aaaaaaaaaaaa/t3",
-                "ZADD {Q} 2 bbbbbbbbbbbb_20000_w1:bbbbbbbbbbbb/b1",
-                "HSET {P} aaaaaaaaaaaa {now}",
-                "HSET {P} bbbbbbbbbbbb {now}",
-            ],
-            script: PERMIT_RELEASE,
-            call: args(B1),
-            reply: "[1]",
-            // Both waiters are told to watch (nobody else holds), neither is granted.
-            checks: &[
-                Queue(&[M_T3, M_B1]),
-                Messages(&["aaaaaaaaaaaa: w3 ", "bbbbbbbbbbbb: w3 "]),
-            ],
-        },
-        Row {
-            name: "a dead head is dropped first: the lighter live waiter behind it is granted",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "SET {F} 100_3_3 PX 60000",
-                "ZADD {Q} 1 dddddddddddd_20000_w3:dddddddddddd/d3",
-                "ZADD {Q} 2 aaaaaaaaaaaa_20000_w2:aaaaaaaaaaaa/t2",
-                "HSET {P} aaaaaaaaaaaa {now}",
-            ],
-            script: PERMIT_RELEASE,
-            call: args(B3),
-            reply: "[2]",
-            checks: &[
-                Queue(&[]),
-                Lease(T2, Some((19_900, 20_000))),
-                Messages(&["aaaaaaaaaaaa: g2 "]),
-            ],
-        },
-        Row {
-            name: "extend a running lease: the TTL again, and the fence of the hold",
-            setup: &[
-                "ZADD {L} {soon} w1:aaaaaaaaaaaa/t1",
-                "HSET {X} w1:aaaaaaaaaaaa/t1 100",
-                "SET {F} 100_3_1 PX 60000",
-            ],
-            script: PERMIT_EXTEND,
-            call: args(T1),
-            reply: "[1, 100]",
-            checks: &[Lease(T1, Some((9_900, 10_000)))],
-        },
-        Row {
-            name: "extend a lease that has ended: not held, the lease dropped",
-            setup: &[
-                "ZADD {L} {old} w1:aaaaaaaaaaaa/t1",
-                "HSET {X} w1:aaaaaaaaaaaa/t1 100",
-                "SET {F} 100_3_1 PX 60000",
-            ],
-            script: PERMIT_EXTEND,
-            call: args(T1),
-            reply: "[0]",
-            checks: &[Lease(T1, None)],
-        },
-        Row {
-            name: "leave G of a holder: its permits back, and the waiter behind granted",
-            setup: &[
-                "ZADD {L} {soon} w3:aaaaaaaaaaaa/t3",
-                "HSET {X} w3:aaaaaaaaaaaa/t3 100",
-                "SET {F} 100_3_3 PX 60000",
-                "ZADD {Q} 1 bbbbbbbbbbbb_20000_w1:bbbbbbbbbbbb/b1",
-                "HSET {P} bbbbbbbbbbbb {now}",
-            ],
-            script: PERMIT_LEAVE,
-            call: Args {
-                flag: "G",
-                ..args(T3)
-            },
-            reply: "[2]",
-            checks: &[
-                Lease(T3, None),
-                Lease(B1, Some((19_900, 20_000))),
-                Messages(&["bbbbbbbbbbbb: g2 "]),
-            ],
-        },
-        Row {
-            name: "leave o of a grant its waiter's own call claimed: kept",
-            setup: &[
-                "ZADD {L} {soon} w1:aaaaaaaaaaaa/t1",
-                "HSET {X} w1:aaaaaaaaaaaa/t1 100",
-                "SET {F} 100_3_1 PX 60000",
-            ],
-            script: PERMIT_LEAVE,
-            call: Args {
-                flag: "o",
-                fence: "100",
-                ..args(T1)
-            },
-            reply: "[0]",
-            checks: &[Lease(T1, Some((4_000, 5_000)))],
-        },
-        Row {
-            name: "leave o of an unclaimed grant with its fence: given back",
-            setup: &[
-                "ZADD {L} {soon} w1:aaaaaaaaaaaa/t1",
-                "HSET {X} w1:aaaaaaaaaaaa/t1 100_g",
-                "SET {F} 100_3_1 PX 60000",
-            ],
-            script: PERMIT_LEAVE,
-            call: Args {
-                flag: "o",
-                fence: "100",
-                ..args(T1)
-            },
-            reply: "[2]",
-            checks: &[Lease(T1, None)],
-        },
-        Row {
-            name: "a leave that lets the heads fit serves them, and chooses the watchers again",
-            setup: &[
-                "ZADD {L} {soon} w1:bbbbbbbbbbbb/b1",
-                "SET {F} 100_3_1 PX 60000",
-                "ZADD {Q} 1 aaaaaaaaaaaa_20000_w3:aaaaaaaaaaaa/t3",
-                "ZADD {Q} 2 aaaaaaaaaaaa_20000_w2:aaaaaaaaaaaa/t2",
-                "HSET {P} aaaaaaaaaaaa {now}",
-            ],
-            script: PERMIT_LEAVE,
-            call: Args {
-                member: M_T3,
-                flag: "G",
-                ..args(T3)
-            },
-            reply: "[0]",
-            checks: &[
-                Queue(&[]),
-                Lease(T2, Some((19_900, 20_000))),
-                Messages(&["aaaaaaaaaaaa: g2 "]),
-            ],
-        },
-        // Review 2, finding 5: the leases are Redis times; on a node whose clock is 1.5 s
-        // ahead of the one that wrote them (after a MIGRATE: the scores as written, the key's
-        // TTL as the time left) they keep their length: "now" is the last lease's end less
-        // the holders key's PTTL.
-        Row {
-            name: "leases keep their length on a node whose clock is ahead of the writer's",
-            setup: &[
-                "ZADD {L} {soon} w3:bbbbbbbbbbbb/b3",
-                "PEXPIRE {L} 6500",
-                "SET {F} 100_3_3 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: args(T1),
-            reply: "[2, _, 0]",
-            checks: &[Lease(B3, Some((4_000, 5_000)))],
-        },
-        // Review 2, finding 3: a queue lives while waiters wait: a new one as long as the last
-        // lease and the retention.
-        Row {
-            name: "a new queue lives the last lease and the retention",
-            setup: &[
-                "ZADD {L} {soon} w1:bbbbbbbbbbbb/b1",
-                "ZADD {L} {soon} w2:bbbbbbbbbbbb/b2",
-                "SET {F} 100_3_3 PX 60000",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: Args {
-                member: M_T2,
-                pid: LIVE,
-                ..args(T2)
-            },
-            reply: "[2, _, 1, 1, 100, _, _, 1]",
-            checks: &[Ttl(Q, 3_604_000, 3_605_000), Ttl(P, 3_604_000, 3_605_000)],
-        },
-        Row {
-            name: "a waiter of a dead process does not pin the number of permits",
-            setup: &[
-                "SET {F} 100_2_0 PX 60000",
-                "ZADD {Q} 1 dddddddddddd_20000_w3:dddddddddddd/d3",
-            ],
-            script: PERMIT_ACQUIRE,
-            call: Args {
-                member: M_B1,
-                pid: LIVE2,
-                ..args(B1)
-            },
-            reply: "[0, 10000, _]",
-            checks: &[Queue(&[]), FenceNow(" 3 1")],
-        },
-    ]
-}
+#[path = "scripts_permits/acquire.rs"]
+mod acquire_rows;
+#[path = "scripts_permits/extend.rs"]
+mod extend_rows;
+#[path = "scripts_permits/leave.rs"]
+mod leave_rows;
+#[path = "scripts_permits/release.rs"]
+mod release_rows;
+
+/// Every row, by script (one file each under `scripts_permits/`).
+const TABLE: &[&[Row]] = &[
+    acquire_rows::ROWS,
+    release_rows::ROWS,
+    extend_rows::ROWS,
+    leave_rows::ROWS,
+];
 
 #[tokio::test]
 async fn every_transition_of_every_permit_script() {
     // (DEAD's queued waiters, and M_DEAD3, name a process nobody listens for.)
     let _ = (DEAD, M_DEAD3);
-    run_rows(&PERMITS, rows()).await;
+    run_rows(&PERMITS, TABLE.iter().copied().flatten()).await;
 }
 
 /// Finding P1 of the permits model (model/README.md): a grant that its waiter's own call found

@@ -188,7 +188,7 @@ async fn hget(c: &Client, key: &str, field: &str) -> Option<String> {
 
 /// Runs every row of `rows` against a fresh private server, with `LIVE` and `LIVE2` listening
 /// on their grant channels of `kind`'s key (sharded, as the lockers do).
-pub async fn run_rows(kind: &Kind, rows: Vec<Row>) {
+pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
     let server = RedisServer::start();
     let c = server.client().await;
     let sub = subscriber(&server).await;
@@ -275,7 +275,7 @@ pub async fn run_rows(kind: &Kind, rows: Vec<Row>) {
                 assert_eq!(commands, *want, "{}: commands Redis ran", row.name);
                 continue;
             }
-            check_one(&c, kind, &row, check, now_ms, &seen).await;
+            check_one(&c, kind, row, check, now_ms, &seen).await;
         }
     }
 }
