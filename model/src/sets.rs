@@ -32,7 +32,7 @@
 //!   overlaps it (and can starve it).
 //!
 //! `Rule::EachInTurn` with every set **sorted** (one order for every caller) is the path built
-//! first (`src/lock_set.rs`, `Locker::acquire_many_wait` with `LockOptions::with_ordered_sets`;
+//! first (`src/sets/in_order.rs`, `Locker::acquire_many_wait` with `LockOptions::with_ordered_sets`;
 //! the only one for keys in several Cluster slots): it keeps (S1), (S3)-(S6) under the same
 //! faults and breaks (S2) only, FIFO holding per key (`tests/sets.rs`). What the model leaves
 //! out of it: a key already taken that is lost while a later one is waited for (a Redis
@@ -162,7 +162,7 @@ pub struct Cfg {
 /// The fixes of review 3's findings 1-3, each as it was before (`Cfg::revert`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Revert {
-    /// Finding 1 (`src/lock_set.rs`, `take_in_order`): a call of a burst that fails keeps the
+    /// Finding 1 (`src/sets/in_order.rs`, `take_in_order`): a call of a burst that fails keeps the
     /// calls before it, even those of the very slot's run it is in (a run split into calls);
     /// the rest of that run is then waited for, holding its first part (now: the keys taken of
     /// that run are given back, what is kept ends at a slot boundary, and the whole run is

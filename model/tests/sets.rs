@@ -277,7 +277,7 @@ fn naive_all_when_free_passes_an_older_set() {
 }
 
 /// The ordered path (`Locker::acquire_many_wait` with `LockOptions::with_ordered_sets`, built
-/// in `src/lock_set.rs`; the only path for keys in several slots, which no one script can
+/// in `src/sets/in_order.rs`; the only path for keys in several slots, which no one script can
 /// take): each key in turn in one order for everyone, (slot, key), the keys taken held
 /// while the next is waited for. No deadlock, nothing left behind, no live waiter left on a
 /// key it could have, with deaths and leaves; but FIFO is per key only: a later set may be

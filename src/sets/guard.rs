@@ -9,9 +9,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// A set of held locks, taken together by
-/// [`Locker::acquire_many`] or [`Locker::acquire_many_wait`]: one loss token for the whole
+/// [`Locker::acquire_many`](crate::Locker::acquire_many) or [`Locker::acquire_many_wait`](crate::Locker::acquire_many_wait): one loss token for the whole
 /// set, one release, a fence per key. Each key's lock is refreshed in the background from the
-/// moment it was taken (the locker's refresher batches them; with [`Refresh::Off`] nothing
+/// moment it was taken (the locker's refresher batches them; with [`Refresh::Off`](crate::Refresh::Off)(crate::Refresh::Off) nothing
 /// is refreshed and the token fires at the first key's validity deadline). Dropping it
 /// releases every key in the background.
 #[must_use = "dropping the set releases its locks at once"]
@@ -124,7 +124,7 @@ impl LockSetGuard {
     }
 }
 
-/// What a critical section over a set gets ([`Locker::run_many`]).
+/// What a critical section over a set gets ([`Locker::run_many`](crate::Locker::run_many)).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct LockSetContext {

@@ -71,7 +71,7 @@ impl<S: Strategy> Locker<S> {
     /// Errors: [`Error::InvalidOptions`] (nothing sent) when the keys are in several slots
     /// and `opts` has not opted in to ordered sets (field `ordered_sets`; the value names the
     /// keys' hash slots), `keys` is
-    /// empty or has more than [`MAX_SET_KEYS`] keys (field `keys`), `opts` has a fixed token
+    /// empty or has more than [`MAX_SET_KEYS`](crate::MAX_SET_KEYS) keys (field `keys`), `opts` has a fixed token
     /// (field `token`: each key gets a generated one, which a dropped attempt can give back),
     /// or an option is out of range (as for one key); [`Error::InvalidKey`] for
     /// a bad key; [`Error::Locked`] for the first key found held (the keys taken before it
@@ -112,7 +112,7 @@ impl<S: Strategy> Locker<S> {
     ///   holding the keys of the slots before them. If a key already taken is lost
     /// meanwhile (Redis restarted, or stayed unreachable past its validity), every key is
     /// released and the set is taken again from the first, within the same deadline; with
-    /// refresh off ([`Refresh::Off`]: the first keys' TTL elapsing while a later one is waited
+    /// refresh off ([`Refresh::Off`](crate::Refresh::Off): the first keys' TTL elapsing while a later one is waited
     /// for is such a loss) it returns [`Error::Expired`] instead, so the set is never taken
     /// round after round.
     ///

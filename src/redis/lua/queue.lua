@@ -75,7 +75,7 @@ end
 local SCAN = 200
 local budget = nil
 
--- The most keys a set waits for at once (QUEUED_SET_MAX in src/wait/set.rs): every call's
+-- The most keys a set waits for at once (QUEUED_SET_MAX in src/limits.rs): every call's
 -- work on a set grows with its keys.
 local SET_MAX = 64
 

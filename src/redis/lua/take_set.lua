@@ -13,7 +13,7 @@
 -- free lock with no queue.
 --
 -- KEYS: lock 1, fence 1, lock 2, fence 2, ... (one Cluster slot). At most 256 locks: the
--- caller splits a larger set (src/lock_set.rs).
+-- caller splits a larger set (src/sets/at_once.rs).
 -- ARGV: retention ms, ttl ms (or 'check': only look, write nothing, and answer {0} where the
 -- set would be taken), then token 1, token 2, ...
 -- Reply: {0, fence 1, fence 2, ...} every lock taken (a lock its token holds already in state
