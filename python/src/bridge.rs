@@ -1,0 +1,147 @@
+//! One runtime per process, and the two ways an operation runs: blocking, or started with
+//! a callback on an asyncio loop.
+
+use crate::errors::*;
+use crate::held::Held;
+use pyo3::prelude::*;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+use waitlock::Error;
+
+/// The process's runtime, and the process it was made in.
+pub(crate) static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> =
+    Mutex::new(None);
+
+/// This process's runtime, made on first use. A forked child makes its own: the parent's
+/// threads are not in the child, so the parent's runtime is left as it is (never dropped:
+/// dropping it would wait for threads that do not exist).
+pub(crate) fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((made_in, rt)) = *slot {
+        if made_in == pid {
+            return Ok(rt);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("waitlock")
+        .enable_all()
+        .build()
+        .map_err(|e| WaitlockError::new_err(format!("cannot start waitlock's runtime: {e}")))?;
+    let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+    *slot = Some((pid, rt));
+    Ok(rt)
+}
+
+/// Refuses an object made in another process (before a fork).
+pub(crate) fn same_process(made_in: u32, what: &str) -> PyResult<()> {
+    if made_in == std::process::id() {
+        return Ok(());
+    }
+    Err(ForkError::new_err(format!(
+        "this {what} was made in process {made_in}, before a fork(); its connections belong \
+         to that process. Make lockers in the process that uses them (in a worker pool: in \
+         the worker's initializer, after the fork)"
+    )))
+}
+
+/// Runs `fut` on the runtime and blocks this thread until it ends, the GIL released; on the
+/// main thread a signal (Ctrl-C) cancels it (its future is dropped) and raises.
+pub(crate) fn block<F, T>(py: Python<'_>, fut: F) -> PyResult<T>
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    // (in a mutex: the closure that waits on it runs without the GIL, and must be `Send`)
+    let rx = Mutex::new(rx);
+    let task = runtime()?.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    loop {
+        let wait = || {
+            rx.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .recv_timeout(Duration::from_millis(50))
+        };
+        match py.detach(wait) {
+            Ok(v) => return Ok(v),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = py.check_signals() {
+                    task.abort();
+                    return Err(e);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(WaitlockError::new_err(
+                    "the operation ended without an answer (waitlock's runtime is shutting down)",
+                ))
+            }
+        }
+    }
+}
+
+/// A started operation (see the module's text).
+#[pyclass(module = "waitlock._native", frozen)]
+pub(crate) struct Pending {
+    pub(crate) task: tokio::task::AbortHandle,
+}
+
+#[pymethods]
+impl Pending {
+    /// Cancels the operation: its future is dropped on the runtime (the library's cancel
+    /// safety applies: a queued waiter leaves its queue, a grant is given back). A result that
+    /// was on its way still reaches the callback.
+    fn cancel(&self) {
+        self.task.abort();
+    }
+}
+
+/// Starts `fut` on the runtime; when it ends, `callback(value, error)` is scheduled on
+/// `event_loop` (from a blocking thread: the runtime's own threads never wait for the GIL).
+pub(crate) fn start<F>(event_loop: Py<PyAny>, callback: Py<PyAny>, fut: F) -> PyResult<Pending>
+where
+    F: Future<Output = Result<Outcome, Error>> + Send + 'static,
+{
+    let task = runtime()?.spawn(async move {
+        let out = fut.await;
+        let _ = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| {
+                let (value, error) = match out {
+                    Ok(o) => match o.into_py(py) {
+                        Ok(v) => (v, py.None()),
+                        Err(e) => (py.None(), e.into_value(py).into_any()),
+                    },
+                    Err(e) => (py.None(), py_err(py, e).into_value(py).into_any()),
+                };
+                // A closed loop has nobody to tell: the value is dropped (a held lock is then
+                // released in the background).
+                let _ =
+                    event_loop.call_method1(py, "call_soon_threadsafe", (callback, value, error));
+            })
+        })
+        .await;
+    });
+    Ok(Pending {
+        task: task.abort_handle(),
+    })
+}
+
+/// What an operation gives Python.
+pub(crate) enum Outcome {
+    Held(Held),
+    Unit,
+    Reason(Option<&'static str>),
+}
+
+impl Outcome {
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self {
+            Outcome::Held(h) => Py::new(py, h)?.into_any(),
+            Outcome::Unit => py.None(),
+            Outcome::Reason(r) => r.into_pyobject(py)?.into_any().unbind(),
+        })
+    }
+}

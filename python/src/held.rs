@@ -1,0 +1,249 @@
+//! `Held`: a held lock, kept alive until released, and its loss.
+
+use crate::bridge::*;
+use crate::errors::*;
+use pyo3::prelude::*;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use waitlock::{Error, LockGuard, LockSetGuard};
+
+/// A held lock: one key's (or permits') guard, or a set's.
+pub(crate) enum Guard {
+    One(LockGuard),
+    Set(LockSetGuard),
+}
+
+/// A held lock, kept alive in the background until released; its loss token fires the moment
+/// it is lost.
+#[pyclass(module = "waitlock._native", frozen)]
+pub(crate) struct Held {
+    pub(crate) guard: Arc<tokio::sync::Mutex<Option<Guard>>>,
+    pub(crate) lost: CancellationToken,
+    pub(crate) fences: Vec<(String, u64)>,
+    pub(crate) token: String,
+    pub(crate) pid: u32,
+    /// Why it was lost, once read (the guard is gone after a release).
+    pub(crate) why: Arc<std::sync::OnceLock<&'static str>>,
+}
+
+impl Held {
+    pub(crate) fn new(mut guard: Guard, pid: u32) -> Held {
+        let (lost, fences, token) = match &mut guard {
+            Guard::One(g) => (
+                g.keep_alive(),
+                vec![(g.key().to_owned(), g.fence())],
+                g.token().to_owned(),
+            ),
+            Guard::Set(s) => (
+                s.lost(),
+                s.guards()
+                    .iter()
+                    .map(|g| (g.key().to_owned(), g.fence()))
+                    .collect(),
+                s.guards()
+                    .first()
+                    .map(|g| g.token().to_owned())
+                    .unwrap_or_default(),
+            ),
+        };
+        Held {
+            guard: Arc::new(tokio::sync::Mutex::new(Some(guard))),
+            lost,
+            fences,
+            token,
+            pid,
+            why: Arc::default(),
+        }
+    }
+
+    fn release_fut(
+        &self,
+    ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
+        same_process(self.pid, "held lock")?;
+        let guard = Arc::clone(&self.guard);
+        let key = self.fences.first().map(|f| f.0.clone()).unwrap_or_default();
+        Ok(async move {
+            match guard.lock().await.take() {
+                Some(Guard::One(g)) => g.release().await?,
+                Some(Guard::Set(s)) => s.release().await?,
+                None => return Err(Error::NotHeld { key }),
+            }
+            Ok(Outcome::Unit)
+        })
+    }
+
+    fn extend_fut(
+        &self,
+        ttl: Duration,
+    ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
+        same_process(self.pid, "held lock")?;
+        let guard = Arc::clone(&self.guard);
+        let key = self.fences.first().map(|f| f.0.clone()).unwrap_or_default();
+        Ok(async move {
+            match guard.lock().await.as_mut() {
+                Some(Guard::One(g)) => g.extend(ttl).await?,
+                Some(Guard::Set(s)) => s.extend(ttl).await?,
+                None => return Err(Error::NotHeld { key }),
+            }
+            Ok(Outcome::Unit)
+        })
+    }
+
+    /// Why it was lost, read from the guard once and kept.
+    fn reason_now(&self) -> Option<&'static str> {
+        if let Some(why) = self.why.get() {
+            return Some(why);
+        }
+        let g = self.guard.try_lock().ok()?;
+        let why = match g.as_ref()? {
+            Guard::One(g) => g.loss().map(reason),
+            Guard::Set(s) => s.loss().map(|(_, r)| reason(r)),
+        }?;
+        Some(self.why.get_or_init(|| why))
+    }
+}
+
+#[pymethods]
+impl Held {
+    /// The key (a set's first key).
+    #[getter]
+    fn key(&self) -> String {
+        self.fences.first().map(|f| f.0.clone()).unwrap_or_default()
+    }
+
+    /// The keys held, in the order taken.
+    #[getter]
+    fn keys(&self) -> Vec<String> {
+        self.fences.iter().map(|f| f.0.clone()).collect()
+    }
+
+    /// The fence of this acquisition (a set's first key's): higher than every earlier one's.
+    #[getter]
+    fn fence(&self) -> u64 {
+        self.fences.first().map_or(0, |f| f.1)
+    }
+
+    /// Each key's fence, in the order taken.
+    #[getter]
+    fn fences(&self) -> Vec<(String, u64)> {
+        self.fences.clone()
+    }
+
+    /// The holder's token.
+    #[getter]
+    fn token(&self) -> String {
+        self.token.clone()
+    }
+
+    /// Why the lock was lost (`token_gone`, `unreachable`, `ttl_elapsed`, `not_replicated`),
+    /// or None while it is held (and after a release).
+    #[getter]
+    fn lost(&self) -> Option<&'static str> {
+        if !self.lost.is_cancelled() {
+            return None;
+        }
+        self.reason_now().or(Some("lost"))
+    }
+
+    /// Blocks until the lock is lost (its reason) or `timeout` seconds pass (None).
+    #[pyo3(signature = (timeout=None))]
+    fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<&'static str>> {
+        let limit = timeout.map(|t| duration("timeout", t)).transpose()?;
+        let lost = self.lost.clone();
+        let gone = block(py, async move {
+            match limit {
+                Some(l) => tokio::time::timeout(l, lost.cancelled()).await.is_ok(),
+                None => {
+                    lost.cancelled().await;
+                    true
+                }
+            }
+        })?;
+        Ok(if gone { self.lost() } else { None })
+    }
+
+    /// As `wait_lost` without a limit, started: `callback(reason, error)` when it is lost.
+    fn wait_lost_start(&self, event_loop: Py<PyAny>, callback: Py<PyAny>) -> PyResult<Pending> {
+        let lost = self.lost.clone();
+        let guard = Arc::clone(&self.guard);
+        let kept = Arc::clone(&self.why);
+        start(event_loop, callback, async move {
+            lost.cancelled().await;
+            let why = match guard.lock().await.as_ref() {
+                Some(Guard::One(g)) => g.loss().map(reason),
+                Some(Guard::Set(s)) => s.loss().map(|(_, r)| reason(r)),
+                None => None,
+            };
+            let why = why.map(|w| *kept.get_or_init(|| w)).or(kept.get().copied());
+            Ok(Outcome::Reason(why.or(Some("lost"))))
+        })
+    }
+
+    /// Releases the lock (every key of a set), blocking. Raises `NotHeld` when it no longer
+    /// held it (lost, or released already).
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let fut = self.release_fut()?;
+        block(py, fut)?.map_err(|e| py_err(py, e))?;
+        Ok(())
+    }
+
+    /// As `release`, started.
+    fn release_start(&self, event_loop: Py<PyAny>, callback: Py<PyAny>) -> PyResult<Pending> {
+        start(event_loop, callback, self.release_fut()?)
+    }
+
+    /// Extends the lease to `ttl` seconds from now, blocking.
+    fn extend(&self, py: Python<'_>, ttl: f64) -> PyResult<()> {
+        let fut = self.extend_fut(duration("ttl", ttl)?)?;
+        block(py, fut)?.map_err(|e| py_err(py, e))?;
+        Ok(())
+    }
+
+    /// As `extend`, started.
+    fn extend_start(
+        &self,
+        event_loop: Py<PyAny>,
+        callback: Py<PyAny>,
+        ttl: f64,
+    ) -> PyResult<Pending> {
+        start(
+            event_loop,
+            callback,
+            self.extend_fut(duration("ttl", ttl)?)?,
+        )
+    }
+
+    /// Lets the lock go in the background (what dropping it does).
+    fn discard(&self) {
+        if self.pid != std::process::id() {
+            return;
+        }
+        let guard = Arc::clone(&self.guard);
+        if let Ok(rt) = runtime() {
+            rt.spawn(async move {
+                guard.lock().await.take();
+            });
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Dropped in the runtime, where a guard's drop releases it in the background (outside
+        // one it would only expire by its TTL). A held lock of a parent process is left alone.
+        if self.pid != std::process::id() {
+            if let Ok(mut g) = self.guard.try_lock() {
+                std::mem::forget(g.take());
+            }
+            return;
+        }
+        let guard = Arc::clone(&self.guard);
+        if let Ok(rt) = runtime() {
+            rt.spawn(async move {
+                guard.lock().await.take();
+            });
+        }
+    }
+}
