@@ -54,31 +54,21 @@ where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let (tx, rx) = std::sync::mpsc::channel();
-    // (in a mutex: the closure that waits on it runs without the GIL, and must be `Send`)
-    let rx = Mutex::new(rx);
-    let task = runtime()?.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
+    let rt = runtime()?;
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(WaitlockError::new_err(
+            "a blocking waitlock call from one of waitlock's own threads: use the awaitable one",
+        ));
+    }
+    // Polled on this thread (`block_on`, the GIL released), so a grant wakes it directly, with
+    // no hop through a task and a channel; in slices of 50 ms, between which a signal is
+    // looked for. Dropped here when a signal ends it.
+    let mut fut = Box::pin(fut);
     loop {
-        let wait = || {
-            rx.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .recv_timeout(Duration::from_millis(50))
-        };
-        match py.detach(wait) {
+        let slice = || rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut fut).await });
+        match py.detach(slice) {
             Ok(v) => return Ok(v),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(e) = py.check_signals() {
-                    task.abort();
-                    return Err(e);
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(WaitlockError::new_err(
-                    "the operation ended without an answer (waitlock's runtime is shutting down)",
-                ))
-            }
+            Err(_) => py.check_signals()?,
         }
     }
 }
