@@ -126,3 +126,26 @@ def test_a_result_that_came_before_a_cancelled_task_resumed_is_let_go(redis):
     asyncio.run(main())
     until(lambda: not locker.status("race")["held"], "the lock let go", limit=30)
     assert native.lost is None or native.lost == "lost"
+
+
+def test_a_lock_lost_inside_a_with_block_raises_expired_at_its_end(redis):
+    locker = waitlock.PubSubLocker(redis.url)
+    with pytest.raises(waitlock.Expired) as e:
+        with locker.lock("body", ttl=2) as held:
+            redis.command("DEL", "{waitlock:body}")
+            held.wait_lost(timeout=30)
+    assert e.value.key == "body" and e.value.reason == "token_gone"
+    # The body's own exception is never masked by the release's.
+    with pytest.raises(ZeroDivisionError):
+        with locker.lock("body", ttl=2) as held:
+            redis.command("DEL", "{waitlock:body}")
+            held.wait_lost(timeout=30)
+            1 / 0
+
+    async def main():
+        with pytest.raises(waitlock.Expired):
+            async with locker.lock("body", ttl=2) as held:
+                redis.command("DEL", "{waitlock:body}")
+                await held.alost()
+
+    asyncio.run(main())

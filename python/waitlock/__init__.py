@@ -105,7 +105,9 @@ async def _started(start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class _Lock:
-    """What ``lock()`` returns: a context manager, ``with`` (blocking) or ``async with``."""
+    """What ``lock()`` returns: a context manager, ``with`` (blocking) or ``async with``.
+    Released on exit; a lock lost while the body ran raises Expired there (with its
+    ``reason``), unless the body raised."""
 
     def __init__(self, acquire: Callable[[], Any], aacquire: Callable[[], Awaitable[Any]]):
         self._acquire = acquire
@@ -116,19 +118,39 @@ class _Lock:
         self._held = Held(self._acquire())
         return self._held
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         held, self._held = self._held, None
-        if held is not None:
+        if held is None:
+            return
+        try:
             held.release()
+        except NotHeld:
+            # Lost while the body ran: its effects may overlap the next holder's. Said unless
+            # the body's own exception is on its way (never masked).
+            if exc_type is None:
+                raise _expired(held) from None
 
     async def __aenter__(self) -> Held:
         self._held = Held(await self._aacquire())
         return self._held
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
         held, self._held = self._held, None
-        if held is not None:
+        if held is None:
+            return
+        try:
             await held.arelease()
+        except NotHeld:
+            if exc_type is None:
+                raise _expired(held) from None
+
+
+def _expired(held: "Held") -> Expired:
+    """`Expired` for `held`, lost while its section ran."""
+    reason = held.lost or "token_gone"
+    e = Expired(f"lock {held.key!r} was lost while held: {reason}")
+    e.key, e.reason = held.key, reason
+    return e
 
 
 class Held:
@@ -293,10 +315,7 @@ class _Base:
         if section.cancelled() or not released:
             # Lost while the section ran (or before its end could be confirmed by the
             # release): its effects may overlap the next holder's.
-            reason = held.lost or "token_gone"
-            e = Expired(f"lock {key!r} was lost while held: {reason}")
-            e.key, e.reason = key, reason
-            raise e
+            raise _expired(held)
         return section.result()
 
     def semaphore(self, permits: int) -> "Semaphore":
