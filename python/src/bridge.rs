@@ -65,7 +65,9 @@ where
     // looked for. Dropped here when a signal ends it.
     let mut fut = Box::pin(fut);
     loop {
-        let slice = || rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut fut).await });
+        let slice = || {
+            rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut fut).await })
+        };
         match py.detach(slice) {
             Ok(v) => return Ok(v),
             Err(_) => py.check_signals()?,
