@@ -79,12 +79,13 @@ def redis():
 
 @pytest.fixture(scope="session")
 def waitlock_cli() -> str:
-    """The `waitlock` command built from this repository (a Rust worker)."""
+    """The `waitlock` command built from this repository (a Rust worker), with the features
+    the suite builds it with (`cargo test --all-features`): nothing is built again after it."""
     cargo = shutil.which("cargo")
     if cargo is None:
         pytest.fail("cargo not found: these tests build the waitlock command (install Rust: https://rustup.rs)", pytrace=False)
     subprocess.run(
-        [cargo, "build", "--locked", "-q", "--features", "cli", "--bin", "waitlock"],
+        [cargo, "build", "--locked", "-q", "--all-features", "--bin", "waitlock"],
         cwd=REPO, check=True,
     )
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
