@@ -129,6 +129,10 @@ class _Lock:
             # the body's own exception is on its way (never masked).
             if exc_type is None:
                 raise _expired(held) from None
+        except WaitlockError:
+            # (Redis did not answer: the release goes on in the background.)
+            if exc_type is None:
+                raise
 
     async def __aenter__(self) -> Held:
         self._held = Held(await self._aacquire())
@@ -143,6 +147,9 @@ class _Lock:
         except NotHeld:
             if exc_type is None:
                 raise _expired(held) from None
+        except WaitlockError:
+            if exc_type is None:
+                raise
 
 
 def _expired(held: "Held") -> Expired:
