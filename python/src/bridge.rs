@@ -10,8 +10,7 @@ use std::time::Duration;
 use waitlock::Error;
 
 /// The process's runtime, and the process it was made in.
-pub(crate) static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> =
-    Mutex::new(None);
+static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
 
 /// This process's runtime, made on first use. A forked child makes its own: the parent's
 /// threads are not in the child, so the parent's runtime is left as it is (never dropped:
@@ -73,6 +72,15 @@ where
             Err(_) => py.check_signals()?,
         }
     }
+}
+
+/// Runs the operation `fut` blocking (see [`block`]): its value for Python, or its error as
+/// the Python exception of its kind.
+pub(crate) fn finish<F>(py: Python<'_>, fut: F) -> PyResult<Py<PyAny>>
+where
+    F: Future<Output = Result<Outcome, Error>> + Send + 'static,
+{
+    block(py, fut)?.map_err(|e| py_err(py, e))?.into_py(py)
 }
 
 /// A started operation (see the module's text).

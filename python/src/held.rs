@@ -15,6 +15,38 @@ pub(crate) enum Guard {
     Set(LockSetGuard),
 }
 
+impl Guard {
+    /// Why it was lost, as Python names it (None while held).
+    fn loss(&self) -> Option<&'static str> {
+        match self {
+            Guard::One(g) => g.loss().map(reason),
+            Guard::Set(s) => s.loss().map(|(_, r)| reason(r)),
+        }
+    }
+}
+
+/// `found`, kept in `why` the first time (a reason outlives the guard's release); else what
+/// `why` kept.
+fn remember(
+    why: &std::sync::OnceLock<&'static str>,
+    found: Option<&'static str>,
+) -> Option<&'static str> {
+    found
+        .map(|w| *why.get_or_init(|| w))
+        .or_else(|| why.get().copied())
+}
+
+/// Drops the guard in the runtime, where a guard's drop releases it in the background
+/// (outside one it would only expire by its TTL).
+fn let_go(guard: &Arc<tokio::sync::Mutex<Option<Guard>>>) {
+    let guard = Arc::clone(guard);
+    if let Ok(rt) = runtime() {
+        rt.spawn(async move {
+            guard.lock().await.take();
+        });
+    }
+}
+
 /// A held lock, kept alive in the background until released; its loss token fires the moment
 /// it is lost.
 #[pyclass(module = "waitlock._native", frozen)]
@@ -63,7 +95,7 @@ impl Held {
     ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
         same_process(self.pid, "held lock")?;
         let guard = Arc::clone(&self.guard);
-        let key = self.fences.first().map(|f| f.0.clone()).unwrap_or_default();
+        let key = self.key();
         Ok(async move {
             match guard.lock().await.take() {
                 Some(Guard::One(g)) => g.release().await?,
@@ -80,7 +112,7 @@ impl Held {
     ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
         same_process(self.pid, "held lock")?;
         let guard = Arc::clone(&self.guard);
-        let key = self.fences.first().map(|f| f.0.clone()).unwrap_or_default();
+        let key = self.key();
         Ok(async move {
             match guard.lock().await.as_mut() {
                 Some(Guard::One(g)) => g.extend(ttl).await?,
@@ -91,17 +123,14 @@ impl Held {
         })
     }
 
-    /// Why it was lost, read from the guard once and kept.
+    /// Why it was lost, read from the guard once and kept (None while the guard is busy
+    /// with a call, or held).
     fn reason_now(&self) -> Option<&'static str> {
         if let Some(why) = self.why.get() {
             return Some(why);
         }
-        let g = self.guard.try_lock().ok()?;
-        let why = match g.as_ref()? {
-            Guard::One(g) => g.loss().map(reason),
-            Guard::Set(s) => s.loss().map(|(_, r)| reason(r)),
-        }?;
-        Some(self.why.get_or_init(|| why))
+        let found = self.guard.try_lock().ok()?.as_ref()?.loss();
+        remember(&self.why, found)
     }
 }
 
@@ -171,22 +200,15 @@ impl Held {
         let kept = Arc::clone(&self.why);
         start(event_loop, callback, async move {
             lost.cancelled().await;
-            let why = match guard.lock().await.as_ref() {
-                Some(Guard::One(g)) => g.loss().map(reason),
-                Some(Guard::Set(s)) => s.loss().map(|(_, r)| reason(r)),
-                None => None,
-            };
-            let why = why.map(|w| *kept.get_or_init(|| w)).or(kept.get().copied());
-            Ok(Outcome::Reason(why.or(Some("lost"))))
+            let found = guard.lock().await.as_ref().and_then(Guard::loss);
+            Ok(Outcome::Reason(remember(&kept, found).or(Some("lost"))))
         })
     }
 
     /// Releases the lock (every key of a set), blocking. Raises `NotHeld` when it no longer
     /// held it (lost, or released already).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let fut = self.release_fut()?;
-        block(py, fut)?.map_err(|e| py_err(py, e))?;
-        Ok(())
+        finish(py, self.release_fut()?).map(drop)
     }
 
     /// As `release`, started.
@@ -196,9 +218,7 @@ impl Held {
 
     /// Extends the lease to `ttl` seconds from now, blocking.
     fn extend(&self, py: Python<'_>, ttl: f64) -> PyResult<()> {
-        let fut = self.extend_fut(duration("ttl", ttl)?)?;
-        block(py, fut)?.map_err(|e| py_err(py, e))?;
-        Ok(())
+        finish(py, self.extend_fut(duration("ttl", ttl)?)?).map(drop)
     }
 
     /// As `extend`, started.
@@ -217,33 +237,21 @@ impl Held {
 
     /// Lets the lock go in the background (what dropping it does).
     fn discard(&self) {
-        if self.pid != std::process::id() {
-            return;
-        }
-        let guard = Arc::clone(&self.guard);
-        if let Ok(rt) = runtime() {
-            rt.spawn(async move {
-                guard.lock().await.take();
-            });
+        if self.pid == std::process::id() {
+            let_go(&self.guard);
         }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // Dropped in the runtime, where a guard's drop releases it in the background (outside
-        // one it would only expire by its TTL). A held lock of a parent process is left alone.
+        // A held lock of a parent process is left alone (its connections are the parent's).
         if self.pid != std::process::id() {
             if let Ok(mut g) = self.guard.try_lock() {
                 std::mem::forget(g.take());
             }
             return;
         }
-        let guard = Arc::clone(&self.guard);
-        if let Ok(rt) = runtime() {
-            rt.spawn(async move {
-                guard.lock().await.take();
-            });
-        }
+        let_go(&self.guard);
     }
 }

@@ -156,9 +156,10 @@ impl NativeLocker {
         ordered: bool,
     ) -> PyResult<Py<PyAny>> {
         let opts = Self::options(ttl, wait, refresh, ordered)?;
-        let fut = self.acquire_fut(target(key, permits, weight, keys), opts)?;
-        let out = block(py, fut)?.map_err(|e| py_err(py, e))?;
-        out.into_py(py)
+        finish(
+            py,
+            self.acquire_fut(target(key, permits, weight, keys), opts)?,
+        )
     }
 
     /// As `acquire`, started: `callback(held, error)` on `event_loop` when it ends.
