@@ -41,6 +41,26 @@ pub(crate) struct Queued {
     pub(crate) depth: u64,
 }
 
+impl Queued {
+    /// The queueing reply's fields after its code, pttl and "queued" flag (a lock's and a
+    /// set's attempt say them alike; see `queued_reply` in the queue layer).
+    pub(crate) fn from_reply(
+        listening: i64,
+        fence: i64,
+        watcher: i64,
+        now: i64,
+        depth: i64,
+    ) -> Queued {
+        Queued {
+            deaf: listening == 0,
+            fence: fence.max(0) as u64,
+            watcher: watcher == 1,
+            redis_us: now.max(0) as u64,
+            depth: depth.max(0) as u64,
+        }
+    }
+}
+
 /// What an extend did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Extended {
@@ -128,13 +148,9 @@ impl Engine {
                 [reply::HELD, pttl, 1, listening, fence, watcher, now, depth] => Attempt::Locked {
                     remaining: remaining(*pttl),
                     behind_queue: true,
-                    queued: Some(Queued {
-                        deaf: *listening == 0,
-                        fence: (*fence).max(0) as u64,
-                        watcher: *watcher == 1,
-                        redis_us: (*now).max(0) as u64,
-                        depth: (*depth).max(0) as u64,
-                    }),
+                    queued: Some(Queued::from_reply(
+                        *listening, *fence, *watcher, *now, *depth,
+                    )),
                 },
                 [reply::OTHER_LIMIT, current] => {
                     return Err(Error::PermitsMismatch {

@@ -233,13 +233,9 @@ impl Engine {
                     SetTry::Locked {
                         index: index(*i).unwrap_or(0),
                         remaining: remaining(*pttl),
-                        queued: Some(Queued {
-                            deaf: *listening == 0,
-                            fence: (*fence).max(0) as u64,
-                            watcher: *watcher == 1,
-                            redis_us: (*now).max(0) as u64,
-                            depth: (*depth).max(0) as u64,
-                        }),
+                        queued: Some(Queued::from_reply(
+                            *listening, *fence, *watcher, *now, *depth,
+                        )),
                     }
                 }
                 [reply::CONTINUE, i] if index(*i).is_some() => {
