@@ -351,7 +351,9 @@ async fn idle_worker<S: Strategy>(locker: &Arc<Locker<S>>, kind: &str, tasks: us
 // ---------------------------------------------------------------- coordinator side
 
 /// Commands a waitlock client sends: its calls.
-const CLIENT_CMDS: [&str; 9] = [
+const CLIENT_CMDS: [&str; 11] = [
+    "fcall",
+    "function|load",
     "evalsha",
     "eval",
     "script|load",

@@ -143,6 +143,27 @@ pub mod scripts {
     pub const PERMIT_LEAVE: &str = crate::redis::scripts::PERMIT_LEAVE;
     /// Permits: status (permits, held, holders, queued, first lease end, fence).
     pub const PERMIT_STATUS: &str = crate::redis::scripts::PERMIT_STATUS;
+
+    /// The scripts above as one Redis Functions library, what a locker loads (`FUNCTION LOAD`,
+    /// on every primary) and calls (`FCALL`): its code. Each function's body is its script's
+    /// text; a deployment whose application user may not run `FUNCTION LOAD` can load this
+    /// code itself (a locker that cannot load it, and finds it missing, calls the scripts).
+    pub fn library_code() -> &'static str {
+        &crate::redis::scripts::library().code
+    }
+
+    /// The library's name, `waitlock_<protocol>_<8 hex digits of its code's SHA-1>`: two
+    /// versions load side by side during a rolling upgrade.
+    pub fn library_name() -> &'static str {
+        &crate::redis::scripts::library().name
+    }
+
+    /// The name of the library's function for the script whose file's stem is `stem`
+    /// (`acquire`, `release`, `permit_status`, `refresh`, ...): the library's name, `_`, the
+    /// stem.
+    pub fn function_name(stem: &str) -> String {
+        format!("{}_{stem}", library_name())
+    }
 }
 
 /// The fred crate this crate is built on, for building clients of the same version.

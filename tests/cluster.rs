@@ -1,6 +1,6 @@
 //! Both lockers on a local Redis Cluster (3 primaries): handoffs by grant on keys spread over
-//! every primary, SCRIPT FLUSH on every node mid-run, a slot that moves while its lock has
-//! queued waiters, failovers, and sets of keys across primaries.
+//! every primary, FUNCTION FLUSH and SCRIPT FLUSH on every node mid-run, a slot that moves
+//! while its lock has queued waiters, failovers, and sets of keys across primaries.
 
 mod common;
 
@@ -122,7 +122,7 @@ async fn handoffs_by_grant_on_keys_over_every_primary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_on_every_node_mid_run() {
+async fn script_and_function_flush_on_every_node_mid_run() {
     let cluster = RedisCluster::start(3, 0);
     let url = cluster.url();
     let (a, b) = (common::queued_locker(&url).await, polling(&url).await);
@@ -140,14 +140,15 @@ async fn script_flush_on_every_node_mid_run() {
                 } else {
                     b.acquire_wait(&key, &opts).await
                 };
-                let g = g.expect("acquire across SCRIPT FLUSH");
-                g.release().await.expect("release across SCRIPT FLUSH");
+                let g = g.expect("acquire across FUNCTION FLUSH");
+                g.release().await.expect("release across FUNCTION FLUSH");
                 done.fetch_add(1, Ordering::SeqCst);
             }
         }));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     for p in cluster.primaries() {
+        assert!(cli(p, &["function", "flush"]).contains("OK"));
         assert!(cli(p, &["script", "flush"]).contains("OK"));
     }
     let at_flush = done.load(Ordering::SeqCst);
@@ -157,7 +158,7 @@ async fn script_flush_on_every_node_mid_run() {
         t.await.expect("task");
     }
     let after = done.load(Ordering::SeqCst) - at_flush;
-    assert!(after > 20, "only {after} acquisitions after SCRIPT FLUSH");
+    assert!(after > 20, "only {after} acquisitions after FUNCTION FLUSH");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,10 +693,11 @@ async fn one_refresher_keeps_locks_on_every_primary_through_a_cut_connection() {
             .primaries()
             .iter()
             .map(|p| {
-                common::command_calls(&cli(*p, &["info", "commandstats"]))
-                    .get("evalsha")
-                    .copied()
-                    .unwrap_or(0)
+                let calls = common::command_calls(&cli(*p, &["info", "commandstats"]));
+                ["fcall", "evalsha"]
+                    .iter()
+                    .filter_map(|c| calls.get(*c))
+                    .sum::<u64>()
             })
             .sum()
     };

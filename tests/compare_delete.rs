@@ -59,7 +59,7 @@ async fn uncontended_pairs<S: waitlock::strategy::Strategy>(locker: Locker<S>, w
         g.release().await.expect("release");
     }
     let after = commandstats(&server_admin).await;
-    let scripts = calls(&before, &after, "evalsha");
+    let scripts = calls(&before, &after, "fcall") + calls(&before, &after, "evalsha");
     let cad = calls(&before, &after, "delex") + calls(&before, &after, "delifeq");
     if with_cad {
         assert_eq!(cad, PAIRS, "one compare-and-delete per release");

@@ -468,29 +468,29 @@ async fn a_keep_alive_racing_extends_never_outruns_redis() {
     g.release().await.expect("release");
 }
 
-/// `SCRIPT LOAD`s the server has run (`INFO commandstats`).
-async fn script_loads(client: &Client) -> u64 {
+/// `FUNCTION LOAD`s the server has run (`INFO commandstats`).
+async fn library_loads(client: &Client) -> u64 {
     let info: String = common::cmd(client, "INFO commandstats", vec![]).await;
     common::command_calls(&info)
-        .get("script|load")
+        .get("function|load")
         .copied()
         .unwrap_or(0)
 }
 
-/// After a script flush (or a restart, or a failover), every call in flight meets `NOSCRIPT`
-/// at once: the script is loaded once, not once per call (review 3: the first refresh period
-/// after a server start sent 80-158 calls and loaded the refresh script for each batch). 200
-/// acquisitions at once after a flush; then, after another, the refresh of the 600 locks they
-/// hold (five batches of at most 128, sent together).
+/// After a function flush (or a restart without persistence, or a new node), every call in
+/// flight meets "Function not found" at once: the library is loaded once, not once per call
+/// (review 3: the first refresh period after a server start sent 80-158 calls and loaded the
+/// refresh script for each batch). 200 acquisitions at once after a flush; then, after another,
+/// the refresh of the 600 locks they hold (five batches of at most 128, sent together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_script_is_loaded_once_not_once_per_call_in_flight() {
+async fn a_missing_library_is_loaded_once_not_once_per_call_in_flight() {
     let (_server, client, locker) = setup().await;
     let flush = || async {
-        let ok: String = common::cmd(&client, "SCRIPT", vec!["FLUSH".into()]).await;
+        let ok: String = common::cmd(&client, "FUNCTION", vec!["FLUSH".into()]).await;
         assert_eq!(ok, "OK");
     };
     flush().await;
-    let before = script_loads(&client).await;
+    let before = library_loads(&client).await;
     let opts = LockOptions::new()
         .with_ttl(Duration::from_secs(10))
         .with_refresh_ratio(0.05);
@@ -502,10 +502,10 @@ async fn a_missing_script_is_loaded_once_not_once_per_call_in_flight() {
     for t in takes.collect::<Vec<_>>() {
         guards.push(t.await.expect("task").expect("acquire after a flush"));
     }
-    let loads = script_loads(&client).await - before;
+    let loads = library_loads(&client).await - before;
     assert_eq!(
         loads, 1,
-        "200 acquisitions after a flush loaded the script {loads} times"
+        "200 acquisitions after a flush loaded the library {loads} times"
     );
     for i in 200..600 {
         guards.push(
@@ -517,11 +517,11 @@ async fn a_missing_script_is_loaded_once_not_once_per_call_in_flight() {
     }
     let losses: Vec<_> = guards.iter_mut().map(|g| g.keep_alive()).collect();
     // The refresher's batches after another flush: the first load is the event waited for;
-    // then another refresh period, for any batch that met NOSCRIPT late.
+    // then another refresh period, for any batch that met "not found" late.
     flush().await;
-    let before = script_loads(&client).await;
+    let before = library_loads(&client).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while script_loads(&client).await == before {
+    while library_loads(&client).await == before {
         assert!(
             Instant::now() < deadline,
             "no refresh in 60 s after the flush"
@@ -532,10 +532,10 @@ async fn a_missing_script_is_loaded_once_not_once_per_call_in_flight() {
     for (g, lost) in guards.iter().zip(&losses) {
         assert!(!lost.is_cancelled(), "{} lost: {:?}", g.key(), g.loss());
     }
-    let loads = script_loads(&client).await - before;
+    let loads = library_loads(&client).await - before;
     assert_eq!(
         loads, 1,
-        "the refreshes of 600 locks loaded their script {loads} times"
+        "the refreshes of 600 locks loaded the library {loads} times"
     );
     for g in guards {
         g.release().await.expect("release");

@@ -14,6 +14,8 @@ async fn client_calls(admin: &Client) -> u64 {
     let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
     let calls = common::command_calls(&info);
     [
+        "fcall",
+        "function|load",
         "evalsha",
         "eval",
         "ssubscribe",

@@ -19,18 +19,20 @@ use super::protocol::{reply, Flag};
 use super::{Client, Engine};
 use crate::error::{Error, Op, Result};
 use crate::keys::{Kind, Names};
-use fred::interfaces::{ClientLike, LuaInterface, ServerInterface};
+use fred::interfaces::{ClientLike, FunctionInterface, LuaInterface, ServerInterface};
 use fred::types::scripts::Script;
 use fred::types::{FromValue, Value};
 use std::time::Duration;
 use tokio::time::Instant;
 
 mod election;
+mod library;
 mod lock;
 mod sets;
 mod status;
 mod taken;
 
+pub(crate) use library::{library, Loader};
 pub(crate) use lock::{Attempt, Batched, Extended, Left, Queued, Released};
 pub(crate) use sets::{GivenBack, SetAttempt, SetTry};
 pub(crate) use status::{RawPermits, RawStatus};
@@ -103,9 +105,11 @@ pub(crate) const PERMIT_LEAVE: &str = permits_lua!("lua/permit_leave.lua");
 /// Permits: status, read only.
 pub(crate) const PERMIT_STATUS: &str = permits_lua!("lua/permit_status.lua");
 
-/// A script and the operation name its errors carry.
+/// A script, its function in the library, and the operation name its errors carry.
 pub(crate) struct Lua {
     script: Script,
+    /// Its function's full name (`library::function`).
+    function: String,
     op: Op,
     /// How many times this engine loaded the script (after `NOSCRIPT`), and the gate that
     /// makes the calls that meet `NOSCRIPT` together wait for one load: after a restart, a
@@ -116,9 +120,11 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(op: Op, text: &'static str) -> Lua {
+    /// The script `text`, whose file in `lua/` is `stem`.lua.
+    fn new(op: Op, text: &'static str, stem: &str) -> Lua {
         Lua {
             script: Script::from_lua(text),
+            function: library::function(stem),
             op,
             loads: std::sync::atomic::AtomicU64::new(0),
             gate: tokio::sync::Mutex::new(()),
@@ -160,6 +166,8 @@ pub(crate) struct KindScripts {
 }
 
 pub(crate) struct Scripts {
+    /// How the calls go (the library by `FCALL`, or scripts), and its loads.
+    pub(crate) loader: Loader,
     lock: KindScripts,
     permits: KindScripts,
     set_acquire: Lua,
@@ -176,29 +184,30 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
+            loader: Loader::default(),
             lock: KindScripts {
-                acquire: Lua::new(Op::Acquire, ACQUIRE),
-                extend: Lua::new(Op::Extend, EXTEND),
-                release: Lua::new(Op::Release, RELEASE),
-                leave: Lua::new(Op::LeaveQueue, LEAVE),
-                status: Lua::new(Op::Status, STATUS),
+                acquire: Lua::new(Op::Acquire, ACQUIRE, "acquire"),
+                extend: Lua::new(Op::Extend, EXTEND, "extend"),
+                release: Lua::new(Op::Release, RELEASE, "release"),
+                leave: Lua::new(Op::LeaveQueue, LEAVE, "leave"),
+                status: Lua::new(Op::Status, STATUS, "status"),
             },
             permits: KindScripts {
-                acquire: Lua::new(Op::Acquire, PERMIT_ACQUIRE),
-                extend: Lua::new(Op::Extend, PERMIT_EXTEND),
-                release: Lua::new(Op::Release, PERMIT_RELEASE),
-                leave: Lua::new(Op::LeaveQueue, PERMIT_LEAVE),
-                status: Lua::new(Op::Status, PERMIT_STATUS),
+                acquire: Lua::new(Op::Acquire, PERMIT_ACQUIRE, "permit_acquire"),
+                extend: Lua::new(Op::Extend, PERMIT_EXTEND, "permit_extend"),
+                release: Lua::new(Op::Release, PERMIT_RELEASE, "permit_release"),
+                leave: Lua::new(Op::LeaveQueue, PERMIT_LEAVE, "permit_leave"),
+                status: Lua::new(Op::Status, PERMIT_STATUS, "permit_status"),
             },
-            set_acquire: Lua::new(Op::Acquire, SET_ACQUIRE),
-            set_release: Lua::new(Op::Release, SET_RELEASE),
-            set_leave: Lua::new(Op::LeaveQueue, SET_LEAVE),
-            refresh: Lua::new(Op::Extend, REFRESH),
-            take_set: Lua::new(Op::Acquire, TAKE_SET),
-            give_back: Lua::new(Op::Release, GIVE_BACK),
-            announce: Lua::new(Op::Acquire, ELECT_ANNOUNCE),
-            resign: Lua::new(Op::Release, ELECT_RESIGN),
-            read_leader: Lua::new(Op::Status, ELECT_READ),
+            set_acquire: Lua::new(Op::Acquire, SET_ACQUIRE, "set_acquire"),
+            set_release: Lua::new(Op::Release, SET_RELEASE, "set_release"),
+            set_leave: Lua::new(Op::LeaveQueue, SET_LEAVE, "set_leave"),
+            refresh: Lua::new(Op::Extend, REFRESH, "refresh"),
+            take_set: Lua::new(Op::Acquire, TAKE_SET, "take_set"),
+            give_back: Lua::new(Op::Release, GIVE_BACK, "give_back"),
+            announce: Lua::new(Op::Acquire, ELECT_ANNOUNCE, "elect_announce"),
+            resign: Lua::new(Op::Release, ELECT_RESIGN, "elect_resign"),
+            read_leader: Lua::new(Op::Status, ELECT_READ, "elect_read"),
         }
     }
 
@@ -264,13 +273,35 @@ impl<'a> Call<'a> {
     }
 }
 
-/// How a script is sent: by its SHA (loaded again on NOSCRIPT), or with its text (clean-up
-/// that must run in order with what was sent before it on the same client: a NOSCRIPT retry
-/// would go behind later commands).
+/// How a script is sent: as the library's function (`FCALL`; `EVALSHA` where the server
+/// refuses Functions), loaded again when missing, or with its text (clean-up that must run in
+/// order with what was sent before it on the same client: a retry after a load would go
+/// behind later commands).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Via {
     Sha,
     Text,
+}
+
+/// One send of `lua`'s call: `FCALL` of its function (`fcall`), `EVALSHA`, or `EVAL` of its
+/// text.
+async fn send<R: FromValue>(
+    client: &Client,
+    lua: &Lua,
+    keys: &[String],
+    args: &[String],
+    how: Via,
+    fcall: bool,
+) -> std::result::Result<R, fred::error::Error> {
+    let (keys, args) = (keys.to_vec(), args.to_vec());
+    match how {
+        Via::Sha if fcall => client.fcall(lua.function.as_str(), keys, args).await,
+        Via::Sha => client.evalsha(lua.script.sha1().clone(), keys, args).await,
+        Via::Text => {
+            let text = lua.script.lua().cloned().unwrap_or_default();
+            client.eval(text, keys, args).await
+        }
+    }
 }
 
 impl Engine {
@@ -335,34 +366,31 @@ impl Engine {
         limit: Duration,
         how: Via,
     ) -> Result<R> {
-        let (script, op) = (&lua.script, lua.op);
+        let op = lua.op;
         // Boxed: fred's call state is several KiB, and an unboxed future would make every
         // future that awaits it (a waiter, a task holding a guard until `release`) that large
         // for its whole life. One allocation per network round trip is noise.
+        let loader = &self.scripts.loader;
         let call = Box::pin(async {
-            let mut loaded = false;
+            // Loaded once each (the library, the script) per call; `by_script`: this call
+            // runs as a script (the server could not load the library now).
+            let (mut loaded, mut loaded_library, mut by_script) = (false, false, false);
             loop {
-                let seen = lua.loads.load(std::sync::atomic::Ordering::Acquire);
-                let sent = match how {
-                    Via::Sha => {
-                        client
-                            .evalsha::<R, _, _, _>(
-                                script.sha1().clone(),
-                                keys.clone(),
-                                args.clone(),
-                            )
-                            .await
+                let seen = (
+                    lua.loads.load(std::sync::atomic::Ordering::Acquire),
+                    loader.seen(),
+                );
+                let fcall = how == Via::Sha && !by_script && loader.functions();
+                match send::<R>(client, lua, &keys, &args, how, fcall).await {
+                    Err(e) if fcall && library::missing_function(&e) && !loaded_library => {
+                        loaded_library = true;
+                        if let library::Load::NotNow = loader.load(client, seen.1).await? {
+                            by_script = true;
+                        }
                     }
-                    Via::Text => {
-                        let text = script.lua().cloned().unwrap_or_default();
-                        client
-                            .eval::<R, _, _, _>(text, keys.clone(), args.clone())
-                            .await
-                    }
-                };
-                match sent {
+                    Err(e) if fcall && library::refuses_functions(&e) => loader.refuse(&e),
                     Err(e) if e.details().starts_with("NOSCRIPT") && !loaded => {
-                        lua.load(client, seen).await?;
+                        lua.load(client, seen.0).await?;
                         loaded = true;
                     }
                     Err(e)

@@ -584,11 +584,12 @@ pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// Script calls Redis has run (EVALSHA and EVAL), from INFO commandstats.
+/// Script calls Redis has run (FCALL of the library, EVALSHA and EVAL), from INFO
+/// commandstats.
 pub async fn script_calls(admin: &Client) -> u64 {
     let info: String = cmd(admin, "INFO commandstats", vec![]).await;
     let calls = command_calls(&info);
-    ["evalsha", "eval"]
+    ["fcall", "evalsha", "eval"]
         .iter()
         .filter_map(|c| calls.get(*c))
         .sum()

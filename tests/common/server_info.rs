@@ -88,7 +88,7 @@ pub async fn used_memory(admin: &Client) -> i64 {
 /// Script calls and every command (client calls and those inside scripts) since `before`.
 pub fn calls_since(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> (u64, u64) {
     let d = |n: &str| after.get(n).unwrap_or(&0) - before.get(n).unwrap_or(&0);
-    let scripts = d("evalsha") + d("eval");
+    let scripts = d("fcall") + d("evalsha") + d("eval");
     let all: u64 = after
         .keys()
         .filter(|n| !n.starts_with("info") && !n.starts_with("client") && *n != "config|get")

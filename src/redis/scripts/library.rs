@@ -1,0 +1,296 @@
+//! The scripts as one Redis Functions library: one `FUNCTION LOAD` per primary, called with
+//! `FCALL`, and `EVALSHA` of the same texts where a server refuses `FUNCTION`.
+//!
+//! The library is assembled once per process from the same files the scripts are (nothing is
+//! read from disk at run time): the lock's calls share one Lua function holding the queue layer
+//! and the lock's grammar once, the permits' calls another, and each standalone script is its
+//! own function. A call's body is its script's text unchanged, so an `FCALL` and an `EVALSHA`
+//! of the same call do the same thing to the same keys: clients that call either serve one
+//! fleet together.
+//!
+//! Its name is `waitlock_<protocol>_<hash>` (the first 8 hex digits of the SHA-1 of its code),
+//! and each function's is the library's then `_<script file's stem>`: Function names are
+//! global to a server, so two versions (a rolling upgrade, or two builds whose scripts differ)
+//! load side by side, each client calling its own, and a load with `REPLACE` is idempotent.
+//!
+//! Flags: the reading calls are `no-writes` (they run when the server is out of memory); the
+//! calls that let go of, extend or give back what a caller holds are `allow-oom`, so that a full
+//! server still lets a lock be released or kept (a Function without it is refused whole when
+//! memory is full, where a script ran until its first write); acquiring stays refused then.
+
+use super::super::Client;
+use fred::interfaces::{ClientLike, FunctionInterface};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+/// The protocol these scripts speak (`lua/queue.lua`'s "format"): the library's name carries
+/// it.
+pub(crate) const PROTOCOL: u32 = 3;
+
+/// A call of the library: its script file's stem (the function's name after the library's),
+/// its text, and its flags.
+struct Part {
+    stem: &'static str,
+    text: &'static str,
+    flags: &'static str,
+}
+
+macro_rules! part {
+    ($stem:literal, $flags:expr) => {
+        Part {
+            stem: $stem,
+            text: include_str!(concat!("../lua/", $stem, ".lua")),
+            flags: $flags,
+        }
+    };
+}
+
+/// Flags (inside the braces of `flags = {...}`): a call that only reads; one that lets go of,
+/// extends or gives back what its caller holds; one that may write more (refused when memory
+/// is full).
+const READS: &str = "'no-writes'";
+const WRITES: &str = "";
+const LETS_GO: &str = "'allow-oom'";
+
+/// The lock's calls: after the queue layer and `lock.lua`.
+const LOCK: [Part; 8] = [
+    part!("acquire", WRITES),
+    part!("extend", LETS_GO),
+    part!("release", LETS_GO),
+    part!("leave", LETS_GO),
+    part!("status", READS),
+    part!("set_acquire", WRITES),
+    part!("set_release", LETS_GO),
+    part!("set_leave", LETS_GO),
+];
+
+/// The permits' calls: after the queue layer and `permits.lua`.
+const PERMITS: [Part; 5] = [
+    part!("permit_acquire", WRITES),
+    part!("permit_extend", LETS_GO),
+    part!("permit_release", LETS_GO),
+    part!("permit_leave", LETS_GO),
+    part!("permit_status", READS),
+];
+
+/// The scripts that run on their own.
+const ALONE: [Part; 6] = [
+    part!("refresh", LETS_GO),
+    part!("take_set", WRITES),
+    part!("give_back", LETS_GO),
+    part!("elect_announce", WRITES),
+    part!("elect_resign", LETS_GO),
+    part!("elect_read", READS),
+];
+
+const QUEUE: &str = concat!(
+    include_str!("../lua/queue.lua"),
+    include_str!("../lua/queue_walk.lua")
+);
+
+/// Where the library's name goes in its code before it is known.
+const NAME: &str = "@LIBRARY@";
+
+/// The library: its name and its code, for `FUNCTION LOAD`.
+pub(crate) struct Library {
+    pub(crate) name: String,
+    pub(crate) code: String,
+}
+
+/// This process's library (assembled on first use).
+pub(crate) fn library() -> &'static Library {
+    static LIBRARY: LazyLock<Library> = LazyLock::new(assemble);
+    &LIBRARY
+}
+
+/// The full name of the library's function for the script file `stem`.
+pub(crate) fn function(stem: &str) -> String {
+    format!("{}_{stem}", library().name)
+}
+
+/// A shared function `name` holding `prelude` once, then each of `calls` in a branch chosen
+/// by the call's stem (each script's locals stay in its branch, as they stayed in its script).
+fn shared(out: &mut String, name: &str, prelude: &[&str], calls: &[Part]) {
+    out.push_str(&format!("local function {name}(KEYS, ARGV, call_name)\n"));
+    for text in prelude {
+        out.push_str(text);
+        out.push('\n');
+    }
+    for (i, c) in calls.iter().enumerate() {
+        let word = if i == 0 { "if" } else { "elseif" };
+        out.push_str(&format!("{word} call_name == '{}' then\n", c.stem));
+        out.push_str(c.text);
+        out.push('\n');
+    }
+    out.push_str("end\nend\n\n");
+}
+
+fn register(out: &mut String, c: &Part, body: &str) {
+    out.push_str(&format!(
+        "redis.register_function{{function_name = '{NAME}_{}', callback = function(KEYS, ARGV) {body} end, flags = {{{}}}}}\n",
+        c.stem, c.flags
+    ));
+}
+
+fn assemble() -> Library {
+    let mut body = String::from(
+        "-- waitlock's scripts as one Redis Functions library, assembled from src/redis/lua/ by\n\
+         -- src/redis/scripts/library.rs: each call's body is its script's text unchanged.\n\n",
+    );
+    shared(
+        &mut body,
+        "lock_call",
+        &[QUEUE, include_str!("../lua/lock.lua")],
+        &LOCK,
+    );
+    shared(
+        &mut body,
+        "permit_call",
+        &[QUEUE, include_str!("../lua/permits.lua")],
+        &PERMITS,
+    );
+    for c in &ALONE {
+        body.push_str(&format!("local function {}(KEYS, ARGV)\n", c.stem));
+        body.push_str(c.text);
+        body.push_str("\nend\n\n");
+    }
+    for c in &LOCK {
+        register(
+            &mut body,
+            c,
+            &format!("return lock_call(KEYS, ARGV, '{}')", c.stem),
+        );
+    }
+    for c in &PERMITS {
+        register(
+            &mut body,
+            c,
+            &format!("return permit_call(KEYS, ARGV, '{}')", c.stem),
+        );
+    }
+    for c in &ALONE {
+        register(&mut body, c, &format!("return {}(KEYS, ARGV)", c.stem));
+    }
+    let hash = fred::util::sha1_hash(&body);
+    let name = format!("waitlock_{PROTOCOL}_{}", &hash[..8]);
+    let code = format!("#!lua name={name}\n{}", body.replace(NAME, &name));
+    Library { name, code }
+}
+
+/// How an engine calls its scripts, and its loads of the library.
+#[derive(Default)]
+pub(crate) struct Loader {
+    /// The server refused `FUNCTION LOAD` or `FCALL` (an ACL without them, a proxy or managed
+    /// service without them): `EVALSHA` from now on.
+    refused: AtomicBool,
+    /// How many times this engine loaded the library; with `gate`, the calls in flight that
+    /// meet "not found" together (after a restart, a flush, on a new node) wait for one load.
+    loads: AtomicU64,
+    gate: tokio::sync::Mutex<()>,
+}
+
+/// What a load came to.
+pub(crate) enum Load {
+    /// Loaded (by this call or another since it looked): call again.
+    Loaded,
+    /// The server refused it: scripts from now on.
+    Refused,
+    /// Not now (the server is out of memory): this call runs as a script.
+    NotNow,
+}
+
+impl Loader {
+    /// Whether calls go by `FCALL` (until the server refuses `FUNCTION`).
+    pub(crate) fn functions(&self) -> bool {
+        !self.refused.load(Ordering::Acquire)
+    }
+
+    /// The loads so far, read before a call: a later load makes this call's own needless.
+    pub(crate) fn seen(&self) -> u64 {
+        self.loads.load(Ordering::Acquire)
+    }
+
+    /// The server refused Functions (`why`): scripts from now on, said once.
+    pub(crate) fn refuse(&self, why: &fred::error::Error) {
+        if !self.refused.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                error = %why,
+                "waitlock: the server refused Redis Functions; calling the same scripts by EVALSHA"
+            );
+        }
+    }
+
+    /// Loads the library (on every primary of a cluster, with `REPLACE`: the same name is the
+    /// same code) unless another call loaded it after `seen`, waiting for a load in progress.
+    pub(crate) async fn load(
+        &self,
+        client: &Client,
+        seen: u64,
+    ) -> std::result::Result<Load, fred::error::Error> {
+        let _gate = self.gate.lock().await;
+        if self.loads.load(Ordering::Acquire) != seen {
+            return Ok(Load::Loaded);
+        }
+        let code = library().code.as_str();
+        let sent = if client.is_clustered() {
+            client
+                .function_load_cluster::<fred::types::Value, _>(true, code)
+                .await
+                .map(drop)
+        } else {
+            client
+                .function_load::<String, _>(true, code)
+                .await
+                .map(drop)
+        };
+        match sent {
+            Ok(()) => {
+                self.loads.fetch_add(1, Ordering::Release);
+                Ok(Load::Loaded)
+            }
+            Err(e) if refuses_functions(&e) => {
+                self.refuse(&e);
+                Ok(Load::Refused)
+            }
+            Err(e) if e.details().starts_with("OOM") => Ok(Load::NotNow),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The server has no such function: it never loaded the library, or lost it (a restart
+/// without persistence, `FUNCTION FLUSH`, a node that joined without it).
+pub(crate) fn missing_function(e: &fred::error::Error) -> bool {
+    e.details().contains("Function not found")
+}
+
+/// The server does not let this client use Functions: an ACL without `FUNCTION LOAD` or
+/// `FCALL`, a server or proxy without the commands. (A command the function runs that the ACL
+/// refuses is refused to the script too: not this.)
+pub(crate) fn refuses_functions(e: &fred::error::Error) -> bool {
+    let d = e.details().to_ascii_lowercase();
+    (d.starts_with("noperm") && (d.contains("'fcall'") || d.contains("'function")))
+        || d.contains("unknown command")
+        || d.contains("unknown subcommand")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_function_is_registered_once_with_its_flags() {
+        let lib = library();
+        assert!(lib.name.starts_with(&format!("waitlock_{PROTOCOL}_")));
+        assert!(lib.code.starts_with(&format!("#!lua name={}\n", lib.name)));
+        assert!(!lib.code.contains(NAME));
+        for c in LOCK.iter().chain(&PERMITS).chain(&ALONE) {
+            let reg = format!("function_name = '{}'", function(c.stem));
+            assert_eq!(lib.code.matches(&reg).count(), 1, "{}", c.stem);
+        }
+        let flagged = |f: &str| lib.code.matches(&format!("flags = {{{f}}}}}")).count();
+        assert_eq!(flagged(READS), 3);
+        assert_eq!(flagged(LETS_GO), 11);
+        assert_eq!(flagged(WRITES), 5);
+    }
+}
