@@ -10,6 +10,8 @@
 mod common;
 #[path = "contention/floor.rs"]
 mod floor;
+#[path = "contention/plain.rs"]
+mod plain;
 
 use common::worker::{Pipe, Proc};
 use common::{cpu_us, env, env_num, now_ns, pct};
@@ -31,6 +33,10 @@ use common::alloc::live_heap;
 use common::server_info::{calls_since, commandstats, redis_cpu_us, used_memory};
 
 const LOCKERS: [&str; 3] = ["locker-default", "locker-tight", "pubsub"];
+
+/// The uncontended rows: the lockers, and the plain `SET NX PX` + release-script pair
+/// (`contention/plain.rs`: what most Redis locks do, through the same workers).
+const UNCONTENDED_KINDS: [&str; 4] = ["locker-default", "locker-tight", "pubsub", "plain"];
 
 /// The handoff's rows: the lockers, and the floor of any two-call woken handoff
 /// (`contention/floor.rs`: not a lock, a reference for Redis' work per acquisition).
@@ -81,8 +87,8 @@ fn rss_bytes() -> u64 {
 async fn worker() {
     let url = env("BENCH_URL");
     let kind = env("BENCH_LOCKER");
-    if kind == "floor" {
-        return floor_worker(&url).await;
+    if kind == "floor" || kind == "plain" {
+        return bare_worker(&url, &kind).await;
     }
     let mut builder = Locker::connect(&url).await.expect("worker connect");
     // To compare handoff designs: 0 makes every handoff a short grant its waiter confirms.
@@ -255,17 +261,48 @@ async fn worker_with<S: Strategy>(locker: Locker<S>, kind: &str) {
     pipe.close();
 }
 
-/// Role `handoff` for the `floor` row: the handoff workload's loop (acquire, hold 1 ms,
-/// release, until the shared deadline) on the bare two-call handoff of `contention/floor.rs`.
-async fn floor_worker(url: &str) {
+/// Either bare pair the bench measures waitlock against: the floor of a woken handoff, or the
+/// plain lock pair.
+enum Bare {
+    Floor(floor::Floor),
+    Plain(plain::Plain),
+}
+
+impl Bare {
+    async fn acquire(&self, key: &str, token: &str) {
+        match self {
+            Bare::Floor(f) => f.acquire(key, token).await,
+            Bare::Plain(p) => p.acquire(key, token).await,
+        }
+    }
+
+    async fn release(&self, key: &str, token: &str) {
+        match self {
+            Bare::Floor(f) => f.release(key, token).await,
+            Bare::Plain(p) => p.release(key, token).await,
+        }
+    }
+}
+
+/// Role `handoff` for the `floor` row, `uncontended` for the `plain` row: the workload's loop
+/// (handoff: acquire, hold 1 ms, release, until the shared deadline; uncontended: acquire and
+/// release a key of its own, `BENCH_ITERS` times) on the bare pair of `contention/floor.rs` or
+/// `contention/plain.rs`.
+async fn bare_worker(url: &str, kind: &str) {
     let tasks = env_num("BENCH_TASKS") as usize;
     let base = env_num("BENCH_BASE_ID") as usize;
+    let iters = env_num("BENCH_ITERS");
+    let handoff = kind == "floor";
     assert_eq!(
         env("BENCH_WORKLOAD"),
-        "handoff",
-        "the floor row is a handoff only"
+        if handoff { "handoff" } else { "uncontended" },
+        "the {kind} row's workload"
     );
-    let floor = Arc::new(floor::Floor::connect(url).await);
+    let bare = Arc::new(if handoff {
+        Bare::Floor(floor::Floor::connect(url).await)
+    } else {
+        Bare::Plain(plain::Plain::connect(url).await)
+    });
     let mut pipe = Pipe::open();
     pipe.say("ready");
     let _go = pipe.input.recv().await;
@@ -273,19 +310,30 @@ async fn floor_worker(url: &str) {
     let until = std::time::Instant::now() + Duration::from_millis(env_num("BENCH_DURATION_MS"));
     let handles: Vec<_> = (0..tasks)
         .map(|t| {
-            let floor = floor.clone();
+            let bare = bare.clone();
             let id = base + t;
+            let key = if handoff {
+                "bench-handoff".to_owned()
+            } else {
+                format!("bench-own-{id}")
+            };
             tokio::spawn(async move {
                 let mut mine = Vec::new();
                 let mut n = 0u64;
-                while std::time::Instant::now() < until {
+                while if handoff {
+                    std::time::Instant::now() < until
+                } else {
+                    n < iters
+                } {
                     let token = format!("{id}.{n}");
                     n += 1;
-                    floor.acquire("bench-handoff", &token).await;
+                    bare.acquire(&key, &token).await;
                     let acquired = now_ns();
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if handoff {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     let release_start = now_ns();
-                    floor.release("bench-handoff", &token).await;
+                    bare.release(&key, &token).await;
                     mine.push(format!("R {id} {acquired} {release_start}"));
                 }
                 mine
@@ -761,7 +809,7 @@ async fn coordinator(quick: bool) {
 
     // 1. uncontended
     let k = if quick { 2000 } else { 20000 };
-    for kind in LOCKERS
+    for kind in UNCONTENDED_KINDS
         .into_iter()
         .filter(|k| selected("--only", "uncontended") && selected("--locker", k))
     {

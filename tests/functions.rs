@@ -19,6 +19,19 @@ async fn stats(admin: &Client) -> HashMap<String, u64> {
     common::command_calls(&info)
 }
 
+/// FCALLs answered with an error (here: "Function not found"), from `INFO commandstats`.
+async fn fcall_failures(admin: &Client) -> u64 {
+    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("failed_calls="))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn since(before: &HashMap<String, u64>, after: &HashMap<String, u64>, name: &str) -> u64 {
     after.get(name).unwrap_or(&0) - before.get(name).unwrap_or(&0)
 }
@@ -88,8 +101,8 @@ async fn every_call(locker: &Locker<Queue>, other: &Locker<Queue>, tag: &str) {
     set.release().await.expect("the set back");
 }
 
-/// On a server that lets it: one `FUNCTION LOAD`, every call by `FCALL`, no script; the
-/// library on the server is this build's.
+/// On a server that lets it: one `FUNCTION LOAD` (at the first locker's connect), every call
+/// by `FCALL`, no script; the library on the server is this build's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_is_loaded_once_and_every_call_is_an_fcall() {
     let server = RedisServer::start();
@@ -99,7 +112,9 @@ async fn the_library_is_loaded_once_and_every_call_is_an_fcall() {
     let b = common::queued_locker(&server.url()).await;
     every_call(&a, &b, "fn").await;
     let after = stats(&admin).await;
+    // Loaded at connect: no call found it missing.
     assert_eq!(since(&before, &after, "function|load"), 1, "{after:?}");
+    assert_eq!(fcall_failures(&admin).await, 0);
     assert!(since(&before, &after, "fcall") >= 10, "{after:?}");
     assert_eq!(since(&before, &after, "evalsha"), 0, "{after:?}");
     assert_eq!(since(&before, &after, "script|load"), 0, "{after:?}");
@@ -258,4 +273,24 @@ async fn a_full_server_still_lets_locks_go() {
     let g2 = waiter.await.expect("task").expect("handed over when full");
     g2.release().await.expect("release when full");
     assert_eq!(config("0").await, "OK");
+}
+
+/// A restart without persistence takes the library: each locker's first call after it finds
+/// it missing and loads it once (no call of the many after it finds it missing again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_library_is_loaded_again_once_per_locker() {
+    let mut server = RedisServer::start();
+    let a = common::queued_locker(&server.url()).await;
+    let b = common::queued_locker(&server.url()).await;
+    every_call(&a, &b, "before").await;
+    server.restart();
+    let admin = server.client().await;
+    for round in 0..3 {
+        every_call(&a, &b, &format!("after{round}")).await;
+    }
+    let after = stats(&admin).await;
+    let loads = since(&HashMap::new(), &after, "function|load");
+    assert!((1..=2).contains(&loads), "{loads} loads: {after:?}");
+    let missed = fcall_failures(&admin).await;
+    assert!((1..=2).contains(&missed), "{missed} calls found it missing");
 }

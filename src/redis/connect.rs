@@ -240,6 +240,7 @@ pub(crate) async fn connect_client(
     match tokio::time::timeout(limit, client.init()).await {
         Ok(Ok(task)) => match check_server(&client, url, limit, opts).await {
             Ok(()) => {
+                super::scripts::preload(&client, limit).await;
                 supervise(client.clone(), task, "the locker's client");
                 Ok(client)
             }

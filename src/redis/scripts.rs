@@ -32,7 +32,7 @@ mod sets;
 mod status;
 mod taken;
 
-pub(crate) use library::{library, Loader};
+pub(crate) use library::{library, preload, Loader};
 pub(crate) use lock::{Attempt, Batched, Extended, Left, Queued, Released};
 pub(crate) use sets::{GivenBack, SetAttempt, SetTry};
 pub(crate) use status::{RawPermits, RawStatus};

@@ -258,6 +258,27 @@ impl Loader {
     }
 }
 
+/// At connect, on a single server: loads the library if the server does not have it (one
+/// `FUNCTION LIST`; a fleet starting together loads it a few times at most, each the same
+/// code), so that the first calls find it. Best effort, within `limit`: whatever this meets (an
+/// ACL without `FUNCTION`, a timeout), the first call decides again (loads it, or calls the
+/// scripts). A Cluster's nodes load it when a call first finds it missing there.
+pub(crate) async fn preload(client: &Client, limit: std::time::Duration) {
+    if client.is_clustered() {
+        return;
+    }
+    let lib = library();
+    let listed = client.function_list::<fred::types::Value, _>(Some(lib.name.as_str()), false);
+    match tokio::time::timeout(limit, listed).await {
+        Ok(Ok(fred::types::Value::Array(found))) if found.is_empty() => {}
+        _ => return,
+    }
+    let loaded = client.function_load::<String, _>(true, lib.code.as_str());
+    if let Ok(Err(e)) = tokio::time::timeout(limit, loaded).await {
+        tracing::debug!(error = %e, "waitlock: the library was not loaded at connect");
+    }
+}
+
 /// The server has no such function: it never loaded the library, or lost it (a restart
 /// without persistence, `FUNCTION FLUSH`, a node that joined without it).
 pub(crate) fn missing_function(e: &fred::error::Error) -> bool {
