@@ -38,13 +38,14 @@ pub(crate) use sets::{GivenBack, SetAttempt, SetTry};
 pub(crate) use status::{RawPermits, RawStatus};
 pub(crate) use taken::CompareDeleteState;
 
-/// A lock script: the queue layer, the lock's value grammar, the script.
+/// A lock script: the queue layer, the lock's value grammar, the call's start, the script.
 macro_rules! lua {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue.lua"),
             include_str!("lua/queue_walk.lua"),
             include_str!("lua/lock.lua"),
+            "\nbegin_lock()\n",
             include_str!($file)
         )
     };
@@ -82,13 +83,14 @@ pub(crate) const ELECT_RESIGN: &str = include_str!("lua/elect_resign.lua");
 /// Election: who leads, read only.
 pub(crate) const ELECT_READ: &str = include_str!("lua/elect_read.lua");
 
-/// A permit script: the queue layer, the semaphore's leases, the script.
+/// A permit script: the queue layer, the semaphore's leases, the call's start, the script.
 macro_rules! permits_lua {
     ($file:literal) => {
         concat!(
             include_str!("lua/queue.lua"),
             include_str!("lua/queue_walk.lua"),
             include_str!("lua/permits.lua"),
+            "\nbegin_permits()\n",
             include_str!($file)
         )
     };

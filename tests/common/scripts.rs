@@ -186,12 +186,59 @@ async fn hget(c: &Client, key: &str, field: &str) -> Option<String> {
     .expect("HGET")
 }
 
+/// The library's function for the script `text` (one of `waitlock::scripts`' lock and permit
+/// scripts).
+fn function_of(text: &str) -> String {
+    use waitlock::scripts::*;
+    let stems = [
+        (ACQUIRE, "acquire"),
+        (EXTEND, "extend"),
+        (RELEASE, "release"),
+        (LEAVE, "leave"),
+        (STATUS, "status"),
+        (SET_ACQUIRE, "set_acquire"),
+        (SET_RELEASE, "set_release"),
+        (SET_LEAVE, "set_leave"),
+        (PERMIT_ACQUIRE, "permit_acquire"),
+        (PERMIT_EXTEND, "permit_extend"),
+        (PERMIT_RELEASE, "permit_release"),
+        (PERMIT_LEAVE, "permit_leave"),
+        (PERMIT_STATUS, "permit_status"),
+    ];
+    let stem = stems
+        .iter()
+        .find(|(t, _)| *t == text)
+        .map(|(_, stem)| *stem)
+        .expect("a lock or permit script");
+    function_name(stem)
+}
+
 /// Runs every row of `rows` against a fresh private server, with `LIVE` and `LIVE2` listening
-/// on their grant channels of `kind`'s key (sharded, as the lockers do).
+/// on their grant channels of `kind`'s key (sharded, as the lockers do): every row by `EVAL`
+/// of its script, then every row again by `FCALL` of its function in the library (loaded once:
+/// what a call leaves in the library's variables must not reach the next row).
 pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
     let server = RedisServer::start();
     let c = server.client().await;
-    let sub = subscriber(&server).await;
+    let loaded: String = super::cmd(
+        &c,
+        "FUNCTION",
+        vec!["LOAD".into(), waitlock::scripts::library_code().into()],
+    )
+    .await;
+    assert_eq!(loaded, waitlock::scripts::library_name());
+    let rows: Vec<&Row> = rows.into_iter().collect();
+    for fcall in [false, true] {
+        run_rows_by(kind, &rows, &server, &c, fcall).await;
+    }
+}
+
+async fn run_rows_by(kind: &Kind, rows: &[&Row], server: &RedisServer, c: &Client, fcall: bool) {
+    let c = c.clone();
+    let via = if fcall { "FCALL" } else { "EVAL" };
+    // (Shown with a failing row's message.)
+    eprintln!("the rows, each by {via}");
+    let sub = subscriber(server).await;
     let mut messages = sub.message_rx();
     for pid in [LIVE, LIVE2] {
         sub.ssubscribe(format!("{}:w:{pid}", kind.main))
@@ -238,10 +285,12 @@ pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
         if count {
             let _: Value = run(&c, vec!["CONFIG".into(), "RESETSTAT".into()]).await;
         }
-        let reply: Vec<i64> = c
-            .eval(row.script, kind.keys(), argv)
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", row.name));
+        let reply: std::result::Result<Vec<i64>, _> = if fcall {
+            c.fcall(function_of(row.script), kind.keys(), argv).await
+        } else {
+            c.eval(row.script, kind.keys(), argv).await
+        };
+        let reply = reply.unwrap_or_else(|e| panic!("{} ({via}): {e}", row.name));
         // Every command since the reset but the reset itself (and any INFO).
         let commands: u64 = if count {
             let info: String = super::cmd(&c, "INFO commandstats", vec![]).await;
@@ -259,7 +308,7 @@ pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
         };
         assert!(
             matches(&reply, row.reply),
-            "{}: reply {reply:?}, expected {}",
+            "{} ({via}): reply {reply:?}, expected {}",
             row.name,
             row.reply
         );
@@ -272,7 +321,7 @@ pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
         }
         for check in row.checks {
             if let Check::Commands(want) = check {
-                assert_eq!(commands, *want, "{}: commands Redis ran", row.name);
+                assert_eq!(commands, *want, "{} ({via}): commands Redis ran", row.name);
                 continue;
             }
             check_one(&c, kind, row, check, now_ms, &seen).await;

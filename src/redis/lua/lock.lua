@@ -39,11 +39,9 @@
 
 local TAKEN, QUEUED, HANDED, GRANTED, RESERVED = 'p', 'q', 'h', 'g', 'r'
 
--- The keys are in a Redis Cluster (whose slots can migrate: see "Sets" above).
-local ON_CLUSTER = ARGV[10] == 'cluster'
-
--- A lock's processes hash keeps '!e', the queue's expiry hint (see `keep` in queue.lua).
-EXPIRY_HINT = true
+-- The keys are in a Redis Cluster (whose slots can migrate: see "Sets" above): ARGV[10]
+-- 'cluster' (set by `begin_lock`).
+local ON_CLUSTER
 
 local function state_of(v) return string.sub(v, 1, 1) end
 local function holder_of(v) return string.sub(v, 2) end
@@ -92,6 +90,15 @@ local declared_locks
 -- per call, only when a call needs them; what sets need of them (and the rarer paths) only
 -- when a call meets them (`rares`: closures cost every call that builds them).
 local slow_cache
+
+-- A lock call's start (see `begin_queue`). A lock's processes hash keeps '!e', the queue's
+-- expiry hint (see `keep` in queue.lua).
+local function begin_lock()
+  begin_queue()
+  EXPIRY_HINT, ON_CLUSTER = true, ARGV[10] == 'cluster'
+  declared_locks, slow_cache = nil, nil
+end
+
 local function slow(l)
   slow_cache = slow_cache or {}
   local cached = slow_cache[l or KEYS[1]]

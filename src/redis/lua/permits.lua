@@ -30,7 +30,8 @@
 -- a frozen grantee holds its permits for that lease, as a frozen holder does.
 -- ARGV[10]: the limit the caller expects (acquire; '' otherwise).
 
-local HOLDERS, STATE, PQ, PP, FENCES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- (Set by `begin_permits`.)
+local HOLDERS, STATE, PQ, PP, FENCES
 -- At most this many ended leases are dropped per call (the queue walk has its own bound).
 local PURGE = 16
 
@@ -55,6 +56,13 @@ local function now_ms()
     end
   end
   return clock
+end
+
+-- A permits call's start (see `begin_queue`).
+local function begin_permits()
+  begin_queue()
+  HOLDERS, STATE, PQ, PP, FENCES = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+  clock = nil
 end
 
 -- The key's state: {fence, limit (nil: none recorded), used}.

@@ -44,8 +44,9 @@
 -- queueing attempt: 'd' counts the queue for its reply, see `queued_reply`), fence or '';
 -- (permits) ARGV[10] the number of permits the caller expects.
 
-local TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+-- (Set by `begin_queue`, as is every variable below that a call changes.)
+local TOKEN, TTL, RETAIN, CLAIM, PRESENCE
+local MEMBER, PID, FLAG, FENCE
 
 -- Reply codes, the first element of every reply (`protocol::reply`). acquire: taken, held by
 -- the caller already, held by another (the caller may be queued now), a short grant to the
@@ -95,6 +96,16 @@ local queue_fns
 -- `walk`), which holds only while no queue was written since.
 local queue_writes = 0
 local function queue_written() queue_writes = queue_writes + 1 end
+
+-- A call's start: its arguments, and nothing kept from the call before it. Every call runs it
+-- first (through `begin_lock` or `begin_permits`): in the Functions library every function
+-- here is defined once, when the library loads, and these variables outlive a call; a script
+-- runs this file's top level on every call.
+local function begin_queue()
+  TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  EXPIRY_HINT, now_cache, budget, queue_fns, queue_writes = false, nil, nil, nil, 0
+end
 
 local function queue(key, q, pkey)
   if not key then

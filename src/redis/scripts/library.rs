@@ -2,11 +2,14 @@
 //! `FCALL`, and `EVALSHA` of the same texts where a server refuses `FUNCTION`.
 //!
 //! The library is assembled once per process from the same files the scripts are (nothing is
-//! read from disk at run time): the lock's calls share one Lua function holding the queue layer
-//! and the lock's grammar once, the permits' calls another, and each standalone script is its
-//! own function. A call's body is its script's text unchanged, so an `FCALL` and an `EVALSHA`
-//! of the same call do the same thing to the same keys: clients that call either serve one
-//! fleet together.
+//! read from disk at run time): the queue layer once, then the lock's grammar and its calls in
+//! one `do` block, the permits' in another, then the scripts that run on their own; each
+//! call's script is a function of its own. Every function is defined once, when the library
+//! loads: a call sets `KEYS` and `ARGV`, runs its family's start (`begin_lock`,
+//! `begin_permits`: its arguments, nothing kept from the call before), then its script's text,
+//! where a script builds all of the layer's functions again on every call. An `FCALL` and an
+//! `EVALSHA` of the same call do the same thing to the same keys: clients that call either
+//! serve one fleet together.
 //!
 //! Its name is `waitlock_<protocol>_<hash>` (the first 8 hex digits of the SHA-1 of its code),
 //! and each function's is the library's then `_<script file's stem>`: Function names are
@@ -108,68 +111,60 @@ pub(crate) fn function(stem: &str) -> String {
     format!("{}_{stem}", library().name)
 }
 
-/// A shared function `name` holding `prelude` once, then each of `calls` in a branch chosen
-/// by the call's stem (each script's locals stay in its branch, as they stayed in its script).
-fn shared(out: &mut String, name: &str, prelude: &[&str], calls: &[Part]) {
-    out.push_str(&format!("local function {name}(KEYS, ARGV, call_name)\n"));
-    for text in prelude {
-        out.push_str(text);
-        out.push('\n');
-    }
-    for (i, c) in calls.iter().enumerate() {
-        let word = if i == 0 { "if" } else { "elseif" };
-        out.push_str(&format!("{word} call_name == '{}' then\n", c.stem));
+/// One family's calls in a `do` block: its `grammar` (`lock.lua`, `permits.lua`) defined once,
+/// then each call's script as a function of its own, registered to set the call's `KEYS` and
+/// `ARGV` and run `begin` (the family's call start) before it.
+fn family(out: &mut String, grammar: &str, begin: &str, calls: &[Part]) {
+    out.push_str("do\n");
+    out.push_str(grammar);
+    for c in calls {
+        out.push_str(&format!("\nlocal function call_{}()\n", c.stem));
         out.push_str(c.text);
-        out.push('\n');
+        out.push_str("\nend\n");
     }
-    out.push_str("end\nend\n\n");
+    for c in calls {
+        register(out, c, begin);
+    }
+    out.push_str("end\n\n");
 }
 
-fn register(out: &mut String, c: &Part, body: &str) {
+fn register(out: &mut String, c: &Part, begin: &str) {
     out.push_str(&format!(
-        "redis.register_function{{function_name = '{NAME}_{}', callback = function(KEYS, ARGV) {body} end, flags = {{{}}}}}\n",
-        c.stem, c.flags
+        "redis.register_function{{function_name = '{NAME}_{stem}', callback = function(keys, argv) \
+         KEYS, ARGV = keys, argv {begin} return call_{stem}() end, flags = {{{flags}}}}}\n",
+        stem = c.stem,
+        flags = c.flags,
     ));
 }
 
 fn assemble() -> Library {
     let mut body = String::from(
         "-- waitlock's scripts as one Redis Functions library, assembled from src/redis/lua/ by\n\
-         -- src/redis/scripts/library.rs: each call's body is its script's text unchanged.\n\n",
+         -- src/redis/scripts/library.rs: every function below is defined once, when the library\n\
+         -- loads; each call sets KEYS and ARGV, starts (`begin_lock`, `begin_permits`: nothing\n\
+         -- kept from the call before), then runs its script's text as a function.\n\
+         local KEYS, ARGV\n",
     );
-    shared(
+    body.push_str(QUEUE);
+    family(
         &mut body,
-        "lock_call",
-        &[QUEUE, include_str!("../lua/lock.lua")],
+        include_str!("../lua/lock.lua"),
+        "begin_lock()",
         &LOCK,
     );
-    shared(
+    family(
         &mut body,
-        "permit_call",
-        &[QUEUE, include_str!("../lua/permits.lua")],
+        include_str!("../lua/permits.lua"),
+        "begin_permits()",
         &PERMITS,
     );
     for c in &ALONE {
-        body.push_str(&format!("local function {}(KEYS, ARGV)\n", c.stem));
+        body.push_str(&format!("local function call_{}()\n", c.stem));
         body.push_str(c.text);
-        body.push_str("\nend\n\n");
-    }
-    for c in &LOCK {
-        register(
-            &mut body,
-            c,
-            &format!("return lock_call(KEYS, ARGV, '{}')", c.stem),
-        );
-    }
-    for c in &PERMITS {
-        register(
-            &mut body,
-            c,
-            &format!("return permit_call(KEYS, ARGV, '{}')", c.stem),
-        );
+        body.push_str("\nend\n");
     }
     for c in &ALONE {
-        register(&mut body, c, &format!("return {}(KEYS, ARGV)", c.stem));
+        register(&mut body, c, "");
     }
     let hash = fred::util::sha1_hash(&body);
     let name = format!("waitlock_{PROTOCOL}_{}", &hash[..8]);
