@@ -13,7 +13,9 @@
 //! that grants to the head of a queue of 31 waiters (`BENCH_WORKERS` - 1) over 4 listening
 //! processes, the old holder's queueing attempt behind the new one, and a watcher's look (the
 //! back waiter's attempt on the held key), the contention bench's 8 x 4 handoff without the
-//! clients (whose wait rooms keep 6-7 in Redis' queue: `BENCH_WORKERS=8`). With
+//! clients (whose wait rooms keep 6-7 in Redis' queue: `BENCH_WORKERS=8`). This build runs
+//! twice, on keys of its own each: as the library's functions (`FCALL`, what the lockers send)
+//! and as its scripts (`EVALSHA`, the fallback). With
 //! `BENCH_SCRIPTS_FROM`, the scripts of that commit (`git show`) run on their own keys, each
 //! cycle calling both versions in turn, so that a noisy machine slows both alike.
 //!
@@ -41,6 +43,8 @@ const TTL_MS: u64 = 10_000;
 /// One version of the scripts, on its own keys.
 struct Version {
     name: String,
+    /// Called as the library's functions (`FCALL`), not as scripts (`EVALSHA`).
+    fcall: bool,
     acquire: String,
     release: String,
     /// The contended key's names, and the free key's.
@@ -109,9 +113,11 @@ fn names(tag: &str) -> Vec<String> {
 }
 
 impl Version {
-    /// The EVALSHA words of a call by `w` of `sha` on `keys`.
-    fn call(sha: &str, keys: &[String], w: &Waiter) -> Vec<String> {
-        let mut words = vec!["EVALSHA".to_owned(), sha.to_owned(), keys.len().to_string()];
+    /// The words of a call by `w` of `target` (a script's SHA, or the library's function) on
+    /// `keys`.
+    fn call(&self, target: &str, keys: &[String], w: &Waiter) -> Vec<String> {
+        let verb = if self.fcall { "FCALL" } else { "EVALSHA" };
+        let mut words = vec![verb.to_owned(), target.to_owned(), keys.len().to_string()];
         words.extend(keys.iter().cloned());
         words.extend([
             w.token.clone(),
@@ -189,16 +195,31 @@ async fn main() {
         custom(&c, vec!["CONFIG".into(), "SET".into(), k.into(), v.into()]).await;
     }
 
-    let mut versions = vec![Version {
-        name: "this build".into(),
+    // This build as the library (FCALL: what the lockers call), as scripts (EVALSHA: the
+    // fallback), and `BENCH_SCRIPTS_FROM`'s scripts; with steps, this build's scripts only.
+    let mut versions = Vec::new();
+    if !stepped {
+        versions.push(Version {
+            name: "this build, the library (FCALL)".into(),
+            fcall: true,
+            acquire: String::new(),
+            release: String::new(),
+            busy: names("busy-fn"),
+            free: names("free-fn"),
+        });
+    }
+    versions.push(Version {
+        name: "this build, scripts (EVALSHA)".into(),
+        fcall: false,
         acquire: with_steps(waitlock::scripts::ACQUIRE, false),
         release: with_steps(waitlock::scripts::RELEASE, true),
         busy: names("busy0"),
         free: names("free0"),
-    }];
+    });
     if let Ok(rev) = std::env::var("BENCH_SCRIPTS_FROM") {
         versions.push(Version {
             name: rev.clone(),
+            fcall: false,
             acquire: script_at(&rev, "acquire"),
             release: script_at(&rev, "release"),
             busy: names("busy1"),
@@ -207,6 +228,24 @@ async fn main() {
     }
     let mut shas = Vec::new();
     for v in &versions {
+        if v.fcall {
+            let loaded = custom(
+                &c,
+                vec![
+                    "FUNCTION".into(),
+                    "LOAD".into(),
+                    "REPLACE".into(),
+                    waitlock::scripts::library_code().into(),
+                ],
+            )
+            .await;
+            assert!(loaded.as_string().is_some(), "FUNCTION LOAD: {loaded:?}");
+            shas.push((
+                waitlock::scripts::function_name("acquire"),
+                waitlock::scripts::function_name("release"),
+            ));
+            continue;
+        }
         let load = |src: &String| {
             let (c, src) = (c.clone(), src.clone());
             async move {
@@ -244,10 +283,10 @@ async fn main() {
     let mut queues = Vec::new();
     for (v, (acq, _)) in versions.iter().zip(&shas) {
         let ws: Vec<Waiter> = (0..workers).map(waiter).collect();
-        let (code, _) = timed(&c, Version::call(acq, &v.busy, &ws[0])).await;
+        let (code, _) = timed(&c, v.call(acq, &v.busy, &ws[0])).await;
         assert_eq!(code, 0, "{}: the first take", v.name);
         for w in &ws[1..] {
-            let (code, _) = timed(&c, Version::call(acq, &v.busy, w)).await;
+            let (code, _) = timed(&c, v.call(acq, &v.busy, w)).await;
             assert_eq!(code, 2, "{}: a waiter queues", v.name);
         }
         queues.push(Queue {
@@ -279,11 +318,11 @@ async fn main() {
                 let next = q.waiting.pop_front().expect("a waiter");
                 let back = q.waiting.back().expect("a waiter").clone();
                 let calls = [
-                    (Version::call(acq, &v.free, &lone), 0),
-                    (Version::call(rel, &v.free, &lone), 1),
-                    (Version::call(rel, &v.busy, &q.holder), 2),
-                    (Version::call(acq, &v.busy, &q.holder), 2),
-                    (Version::call(acq, &v.busy, &back), 2),
+                    (v.call(acq, &v.free, &lone), 0),
+                    (v.call(rel, &v.free, &lone), 1),
+                    (v.call(rel, &v.busy, &q.holder), 2),
+                    (v.call(acq, &v.busy, &q.holder), 2),
+                    (v.call(acq, &v.busy, &back), 2),
                 ];
                 for (p, (words, want)) in calls.into_iter().enumerate() {
                     if counting {
@@ -309,7 +348,7 @@ async fn main() {
 
     println!(
         "waitlock script paths: {cycles} cycles, {workers} workers over {PROCESSES} processes, \
-         Redis' time per call (SLOWLOG, µs) and commands per call (EVALSHA included)"
+         Redis' time per call (SLOWLOG, µs) and commands per call (the FCALL or EVALSHA included)"
     );
     let stats = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -335,10 +374,10 @@ async fn main() {
     if stepped {
         steps::print(&PATHS, by_step);
     }
-    if medians.len() == 2 {
-        println!("\nthis build / {}, p50:", versions[1].name);
+    for (i, v) in versions.iter().enumerate().skip(1) {
+        println!("\n{} / {}, p50:", versions[0].name, v.name);
         for (p, path) in PATHS.iter().enumerate() {
-            println!("  {path:<24} {:.2}", medians[0][p] / medians[1][p]);
+            println!("  {path:<24} {:.2}", medians[0][p] / medians[i][p]);
         }
     }
     drop(subscribers);

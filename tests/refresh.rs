@@ -503,6 +503,12 @@ async fn a_missing_library_is_loaded_once_not_once_per_call_in_flight() {
         guards.push(t.await.expect("task").expect("acquire after a flush"));
     }
     let loads = library_loads(&client).await - before;
+    let info: String = common::cmd(&client, "INFO commandstats", vec![]).await;
+    let missed = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
+        .unwrap_or_default();
+    println!("200 acquisitions after a flush: FCALL {missed}");
     assert_eq!(
         loads, 1,
         "200 acquisitions after a flush loaded the library {loads} times"

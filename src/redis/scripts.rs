@@ -378,11 +378,14 @@ impl Engine {
             // runs as a script (the server could not load the library now).
             let (mut loaded, mut loaded_library, mut by_script) = (false, false, false);
             loop {
+                let fcall = how == Via::Sha && !by_script && loader.functions();
+                if fcall {
+                    loader.settled().await;
+                }
                 let seen = (
                     lua.loads.load(std::sync::atomic::Ordering::Acquire),
                     loader.seen(),
                 );
-                let fcall = how == Via::Sha && !by_script && loader.functions();
                 match send::<R>(client, lua, &keys, &args, how, fcall).await {
                     Err(e) if fcall && library::missing_function(&e) && !loaded_library => {
                         loaded_library = true;

@@ -205,6 +205,14 @@ impl Loader {
         self.loads.load(Ordering::Acquire)
     }
 
+    /// Waits for a load in progress, if any: a call sent now would find the library missing
+    /// too (the calls already in flight when it went missing do).
+    pub(crate) async fn settled(&self) {
+        if self.gate.try_lock().is_err() {
+            drop(self.gate.lock().await);
+        }
+    }
+
     /// The server refused Functions (`why`): scripts from now on, said once.
     pub(crate) fn refuse(&self, why: &fred::error::Error) {
         if !self.refused.swap(true, Ordering::AcqRel) {
