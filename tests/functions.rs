@@ -294,3 +294,35 @@ async fn after_a_restart_the_library_is_loaded_again_once_per_locker() {
     let missed = fcall_failures(&admin).await;
     assert!((1..=2).contains(&missed), "{missed} calls found it missing");
 }
+
+/// Where the server refuses Functions, a script flush with 200 acquisitions sent at once loads
+/// the acquire script once, not once per call (each script's own gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_scripts_are_called_a_flush_loads_each_once() {
+    let server = RedisServer::start();
+    let admin = server.client().await;
+    app_user(&admin, &["-fcall", "-fcall_ro", "-function"]).await;
+    let locker = common::queued_locker(&app_url(&server)).await;
+    // (The first call finds FCALL refused: scripts from then on.)
+    let g = locker.acquire("warm", &opts()).await.expect("warm");
+    g.release().await.expect("release");
+    let ok: String = common::cmd(&admin, "SCRIPT", vec!["FLUSH".into()]).await;
+    assert_eq!(ok, "OK");
+    let before = stats(&admin).await;
+    let takes: Vec<_> = (0..200)
+        .map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move { locker.acquire(&format!("flushed-{i}"), &opts()).await })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in takes {
+        guards.push(t.await.expect("task").expect("acquire after a flush"));
+    }
+    let after = stats(&admin).await;
+    assert_eq!(since(&before, &after, "script|load"), 1, "{after:?}");
+    assert_eq!(since(&before, &after, "fcall"), 0, "{after:?}");
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}

@@ -375,7 +375,7 @@ impl Engine {
         let loader = &self.scripts.loader;
         let call = Box::pin(async {
             // Loaded once each (the library, the script) per call; `by_script`: this call
-            // runs as a script (the server could not load the library now).
+            // runs as a script (the library could not be loaded now, or went missing again).
             let (mut loaded, mut loaded_library, mut by_script) = (false, false, false);
             loop {
                 let fcall = how == Via::Sha && !by_script && loader.functions();
@@ -387,11 +387,15 @@ impl Engine {
                     loader.seen(),
                 );
                 match send::<R>(client, lua, &keys, &args, how, fcall).await {
-                    Err(e) if fcall && library::missing_function(&e) && !loaded_library => {
-                        loaded_library = true;
-                        if let library::Load::NotNow = loader.load(client, seen.1).await? {
+                    // Missing: loaded once, then called again; missing after that (a node
+                    // that lost it again) or not loaded now: this call runs as a script.
+                    Err(e) if fcall && library::missing_function(&e) => {
+                        if loaded_library {
+                            by_script = true;
+                        } else if let library::Load::NotNow = loader.load(client, seen.1).await {
                             by_script = true;
                         }
+                        loaded_library = true;
                     }
                     Err(e) if fcall && library::refuses_functions(&e) => loader.refuse(&e),
                     Err(e) if e.details().starts_with("NOSCRIPT") && !loaded => {

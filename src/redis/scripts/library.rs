@@ -25,6 +25,7 @@ use super::super::Client;
 use fred::interfaces::{ClientLike, FunctionInterface};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
+use std::time::{Duration, Instant};
 
 /// The protocol these scripts speak (`lua/queue.lua`'s "format"): the library's name carries
 /// it.
@@ -143,8 +144,18 @@ fn assemble() -> Library {
          -- src/redis/scripts/library.rs: every function below is defined once, when the library\n\
          -- loads; each call sets KEYS and ARGV, starts (`begin_lock`, `begin_permits`: nothing\n\
          -- kept from the call before), then runs its script's text as a function.\n\
-         local KEYS, ARGV\n",
+         local KEYS, ARGV\n\n",
     );
+    // The scripts that run on their own first: they see none of the layer's variables, as
+    // they see none as scripts.
+    for c in &ALONE {
+        body.push_str(&format!("local function call_{}()\n", c.stem));
+        body.push_str(c.text);
+        body.push_str("\nend\n");
+    }
+    for c in &ALONE {
+        register(&mut body, c, "");
+    }
     body.push_str(QUEUE);
     family(
         &mut body,
@@ -158,46 +169,67 @@ fn assemble() -> Library {
         "begin_permits()",
         &PERMITS,
     );
-    for c in &ALONE {
-        body.push_str(&format!("local function call_{}()\n", c.stem));
-        body.push_str(c.text);
-        body.push_str("\nend\n");
-    }
-    for c in &ALONE {
-        register(&mut body, c, "");
-    }
     let hash = fred::util::sha1_hash(&body);
     let name = format!("waitlock_{PROTOCOL}_{}", &hash[..8]);
     let code = format!("#!lua name={name}\n{}", body.replace(NAME, &name));
     Library { name, code }
 }
 
+/// How long a refusal of Functions holds before an engine asks again (an ACL fixed, a Cluster
+/// whose last node was upgraded), and how long after a load that failed otherwise (a timeout, a
+/// server that would not compile it) the calls that find the library missing run as scripts
+/// without sending it again.
+const ASK_AGAIN: Duration = Duration::from_secs(300);
+const LOAD_AGAIN: Duration = Duration::from_secs(1);
+
 /// How an engine calls its scripts, and its loads of the library.
-#[derive(Default)]
 pub(crate) struct Loader {
-    /// The server refused `FUNCTION LOAD` or `FCALL` (an ACL without them, a proxy or managed
-    /// service without them): `EVALSHA` from now on.
-    refused: AtomicBool,
+    born: Instant,
+    /// Until when (ms after `born`) calls go by `EVALSHA`: the server refused `FUNCTION LOAD`
+    /// or `FCALL` (an ACL without them, a proxy or managed service without them). 0: never.
+    refused_until: AtomicU64,
+    /// Until when (ms after `born`) a call that finds the library missing runs as a script
+    /// without loading it: the last load failed.
+    failed_until: AtomicU64,
     /// How many times this engine loaded the library; with `gate`, the calls in flight that
     /// meet "not found" together (after a restart, a flush, on a new node) wait for one load.
     loads: AtomicU64,
     gate: tokio::sync::Mutex<()>,
+    /// A load is in progress (calls about to be sent wait for it: [`Loader::settled`]).
+    loading: AtomicBool,
+}
+
+impl Default for Loader {
+    fn default() -> Loader {
+        Loader {
+            born: Instant::now(),
+            refused_until: AtomicU64::new(0),
+            failed_until: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            gate: tokio::sync::Mutex::new(()),
+            loading: AtomicBool::new(false),
+        }
+    }
 }
 
 /// What a load came to.
 pub(crate) enum Load {
     /// Loaded (by this call or another since it looked): call again.
     Loaded,
-    /// The server refused it: scripts from now on.
+    /// The server refused Functions: scripts for a while ([`ASK_AGAIN`]).
     Refused,
-    /// Not now (the server is out of memory): this call runs as a script.
+    /// Not now (out of memory, a timeout, an error): this call runs as a script.
     NotNow,
 }
 
 impl Loader {
-    /// Whether calls go by `FCALL` (until the server refuses `FUNCTION`).
+    fn now_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether calls go by `FCALL` (not while a refusal holds).
     pub(crate) fn functions(&self) -> bool {
-        !self.refused.load(Ordering::Acquire)
+        self.now_ms() >= self.refused_until.load(Ordering::Acquire)
     }
 
     /// The loads so far, read before a call: a later load makes this call's own needless.
@@ -208,32 +240,40 @@ impl Loader {
     /// Waits for a load in progress, if any: a call sent now would find the library missing
     /// too (the calls already in flight when it went missing do).
     pub(crate) async fn settled(&self) {
-        if self.gate.try_lock().is_err() {
+        if self.loading.load(Ordering::Acquire) {
             drop(self.gate.lock().await);
         }
     }
 
-    /// The server refused Functions (`why`): scripts from now on, said once.
+    /// The server refused Functions (`why`): scripts for [`ASK_AGAIN`] (said once as a
+    /// warning, later refusals at debug level).
     pub(crate) fn refuse(&self, why: &fred::error::Error) {
-        if !self.refused.swap(true, Ordering::AcqRel) {
+        let until = self.now_ms() + ASK_AGAIN.as_millis() as u64;
+        if self.refused_until.swap(until, Ordering::AcqRel) == 0 {
             tracing::warn!(
                 error = %why,
                 "waitlock: the server refused Redis Functions; calling the same scripts by EVALSHA"
             );
+        } else {
+            tracing::debug!(error = %why, "waitlock: the server refused Redis Functions again");
         }
     }
 
     /// Loads the library (on every primary of a cluster, with `REPLACE`: the same name is the
-    /// same code) unless another call loaded it after `seen`, waiting for a load in progress.
-    pub(crate) async fn load(
-        &self,
-        client: &Client,
-        seen: u64,
-    ) -> std::result::Result<Load, fred::error::Error> {
+    /// same code) unless another call loaded it after `seen`, or Functions were refused, or a
+    /// load failed within [`LOAD_AGAIN`]; waits for a load in progress.
+    pub(crate) async fn load(&self, client: &Client, seen: u64) -> Load {
         let _gate = self.gate.lock().await;
         if self.loads.load(Ordering::Acquire) != seen {
-            return Ok(Load::Loaded);
+            return Load::Loaded;
         }
+        if !self.functions() {
+            return Load::Refused;
+        }
+        if self.now_ms() < self.failed_until.load(Ordering::Acquire) {
+            return Load::NotNow;
+        }
+        self.loading.store(true, Ordering::Release);
         let code = library().code.as_str();
         let sent = if client.is_clustered() {
             client
@@ -246,38 +286,47 @@ impl Loader {
                 .await
                 .map(drop)
         };
+        self.loading.store(false, Ordering::Release);
         match sent {
             Ok(()) => {
                 self.loads.fetch_add(1, Ordering::Release);
-                Ok(Load::Loaded)
+                Load::Loaded
             }
             Err(e) if refuses_functions(&e) => {
                 self.refuse(&e);
-                Ok(Load::Refused)
+                Load::Refused
             }
-            Err(e) if e.details().starts_with("OOM") => Ok(Load::NotNow),
-            Err(e) => Err(e),
+            Err(e) => {
+                let until = self.now_ms() + LOAD_AGAIN.as_millis() as u64;
+                self.failed_until.store(until, Ordering::Release);
+                tracing::warn!(error = %e, "waitlock: the library could not be loaded; calling the scripts");
+                Load::NotNow
+            }
         }
     }
 }
 
 /// At connect, on a single server: loads the library if the server does not have it (one
 /// `FUNCTION LIST`; a fleet starting together loads it a few times at most, each the same
-/// code), so that the first calls find it. Best effort, within `limit`: whatever this meets (an
+/// code), so that the first calls find it. Best effort, both within `limit`: whatever this meets (an
 /// ACL without `FUNCTION`, a timeout), the first call decides again (loads it, or calls the
 /// scripts). A Cluster's nodes load it when a call first finds it missing there.
-pub(crate) async fn preload(client: &Client, limit: std::time::Duration) {
+pub(crate) async fn preload(client: &Client, limit: Duration) {
     if client.is_clustered() {
         return;
     }
     let lib = library();
-    let listed = client.function_list::<fred::types::Value, _>(Some(lib.name.as_str()), false);
-    match tokio::time::timeout(limit, listed).await {
-        Ok(Ok(fred::types::Value::Array(found))) if found.is_empty() => {}
-        _ => return,
-    }
-    let loaded = client.function_load::<String, _>(true, lib.code.as_str());
-    if let Ok(Err(e)) = tokio::time::timeout(limit, loaded).await {
+    let ensure = async {
+        let found: fred::types::Value =
+            client.function_list(Some(lib.name.as_str()), false).await?;
+        if matches!(&found, fred::types::Value::Array(libs) if libs.is_empty()) {
+            client
+                .function_load::<String, _>(true, lib.code.as_str())
+                .await?;
+        }
+        Ok::<(), fred::error::Error>(())
+    };
+    if let Ok(Err(e)) = tokio::time::timeout(limit, ensure).await {
         tracing::debug!(error = %e, "waitlock: the library was not loaded at connect");
     }
 }
@@ -289,13 +338,14 @@ pub(crate) fn missing_function(e: &fred::error::Error) -> bool {
 }
 
 /// The server does not let this client use Functions: an ACL without `FUNCTION LOAD` or
-/// `FCALL`, a server or proxy without the commands. (A command the function runs that the ACL
-/// refuses is refused to the script too: not this.)
+/// `FCALL`, a server or proxy without the commands ("unknown", "unsupported"). (A command the
+/// function runs that the ACL refuses is refused to the script too: not this.)
 pub(crate) fn refuses_functions(e: &fred::error::Error) -> bool {
     let d = e.details().to_ascii_lowercase();
     (d.starts_with("noperm") && (d.contains("'fcall'") || d.contains("'function")))
         || d.contains("unknown command")
         || d.contains("unknown subcommand")
+        || d.contains("unsupported command")
 }
 
 #[cfg(test)]
