@@ -86,9 +86,11 @@ local declared_locks
 
 -- The lock's slow paths on one key: the call's own (`slow()`: KEYS[1], its fence KEYS[2],
 -- queue KEYS[3], processes KEYS[4]), or another key of a set (`slow(lock)`: names built from
--- the lock's), on that key's queue layer (whose functions they also give), built once per key
--- per call, only when a call needs them; what sets need of them (and the rarer paths) only
--- when a call meets them (`rares`: closures cost every call that builds them).
+-- the lock's), on that key's queue layer (whose functions they also give), built only when a
+-- call needs them, once per key per call in a script, and kept across calls by the library
+-- (`kept_group` in queue.lua: a later call starts them afresh with `reset_call`); what sets
+-- need of them (and the rarer paths) only when a call meets them (`rares`: closures cost every
+-- call that builds them).
 local slow_cache
 
 -- A lock call's start (see `begin_queue`). A lock's processes hash keeps '!e', the queue's
@@ -99,10 +101,10 @@ local function begin_lock()
   declared_locks, slow_cache = nil, nil
 end
 
-local function slow(l)
-  slow_cache = slow_cache or {}
-  local cached = slow_cache[l or KEYS[1]]
-  if cached then return cached end
+-- (`slow` below; declared here, since the rarer paths a group builds ask it for other keys'.)
+local slow
+
+local function build_slow(l)
   local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   if l then lock, fkey, q, pkey = l, l .. ':fence', l .. ':q', l .. ':p' end
   local Q = queue(lock, q, pkey)
@@ -470,13 +472,22 @@ local function slow(l)
 
   fns = setmetatable({serve = serve, release_held = release_held, enqueue = enqueue,
     fence_flags = fence_flags, held_by = held_by, holder_pid = holder_pid, hand = hand,
-    lock = lock, fkey = fkey, q = q, pkey = pkey},
+    lock = lock, fkey = fkey, q = q, pkey = pkey, reset_call = function() Q.reset_call() end},
     {__index = function(_, name)
       if name == 'confirm_grant' or name == 'leave_blocked' or name == 'drop_departed_set' then
         return rares()[name]
       end
       return Q[name]
     end})
-  slow_cache[lock] = fns
   return fns
+end
+
+slow = function(l)
+  slow_cache = slow_cache or {}
+  local id = l or KEYS[1]
+  local cached = slow_cache[id]
+  if cached then return cached end
+  cached = kept_group('s' .. id, function() return build_slow(l) end)
+  slow_cache[id] = cached
+  return cached
 end

@@ -97,6 +97,28 @@ local queue_fns
 local queue_writes = 0
 local function queue_written() queue_writes = queue_writes + 1 end
 
+-- Groups of functions built for one key (the queue layer's, `queue(key)`; the lock's,
+-- `slow(lock)`), kept across calls by the library (a script starts with none, and builds each
+-- again): each has `reset_call`, which forgets what the call before learnt, run when a call
+-- first asks for the group (`call_seq` counts the calls). At most KEPT_MAX are kept: all are
+-- dropped when one more is built.
+local kept, kept_count, KEPT_MAX = {}, 0, 32
+local call_seq = 0
+local function kept_group(id, build)
+  local e = kept[id]
+  if e then
+    if e.seq ~= call_seq then
+      e.seq = call_seq
+      e.group.reset_call()
+    end
+    return e.group
+  end
+  if kept_count >= KEPT_MAX then kept, kept_count = {}, 0 end
+  local group = build()
+  kept[id], kept_count = {group = group, seq = call_seq}, kept_count + 1
+  return group
+end
+
 -- A call's start: its arguments, and nothing kept from the call before it. Every call runs it
 -- first (through `begin_lock` or `begin_permits`): in the Functions library every function
 -- here is defined once, when the library loads, and these variables outlive a call; a script
@@ -105,11 +127,14 @@ local function begin_queue()
   TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
   EXPIRY_HINT, now_cache, budget, queue_fns, queue_writes = false, nil, nil, nil, 0
+  call_seq = call_seq + 1
 end
 
 local function queue(key, q, pkey)
   if not key then
-    if not queue_fns then queue_fns = queue(KEYS[1], KEYS[3], KEYS[4]) end
+    if not queue_fns then
+      queue_fns = kept_group('q' .. KEYS[1], function() return queue(KEYS[1], KEYS[3], KEYS[4]) end)
+    end
     return queue_fns
   end
   local LAPSED = 'x'

@@ -1,7 +1,7 @@
   -- (queue.lua's queue layer, continued: assembled right after it, inside `queue`)
   -- The walk, the grants and the watchers' choice, built (once) only when a call needs them:
   -- a queueing attempt or a watcher's look does not (their closures were 6% of its time).
-  local walk_fns
+  local walk_fns, walk_reset
   local function walking()
     if walk_fns then return walk_fns end
     local function publish(how, chan, msg)
@@ -371,6 +371,11 @@
       if #chosen > 0 and not kept then retain() end
     end
 
+    -- (What a call learnt, forgotten by the next: `reset_call`.)
+    walk_reset = function()
+      known = {}
+      ahead_on, ahead_was, whole = false, nil, nil
+    end
     walk_fns = {publish = publish, grant = grant, process = process, walk = walk, ahead = ahead,
       watch = watch}
     return walk_fns
@@ -454,10 +459,20 @@
     return {HELD, pttl, 1, listening, f, watcher, now_us(), depth}
   end
 
+  -- A later call's start with this group (kept by the library: `kept_group`): what the call
+  -- before learnt is forgotten, and the windows are this call's.
+  local function reset_call()
+    alone, hint, due, due_rec = nil, nil, nil, nil
+    SLACK = math.floor(tonumber(RETAIN) / 4)
+    MARGIN = math.floor(SLACK / 2)
+    YOUNG = math.floor(PRESENCE / 4)
+    if walk_reset then walk_reset() end
+  end
+
   fns = setmetatable({channel = channel, listener = listener, listeners = listeners,
     split_member = split_member, parse = parse_member, add_member = add_member, retain = retain,
     keep = keep, seen = seen, flush = flush, lapse = lapse, watching = watching,
-    queued_reply = queued_reply},
+    queued_reply = queued_reply, reset_call = reset_call},
     {__index = function(t, name)
       -- (Only the walk group: `sets`, a hook the lock sets, may be absent.)
       if name == 'sets' then return nil end
