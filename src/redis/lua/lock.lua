@@ -487,7 +487,7 @@ slow = function(l)
   local id = l or KEYS[1]
   local cached = slow_cache[id]
   if cached then return cached end
-  cached = kept_group('s' .. id, function() return build_slow(l) end)
+  cached = kept_group('s' .. id, build_slow, l)
   slow_cache[id] = cached
   return cached
 end

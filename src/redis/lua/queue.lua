@@ -104,7 +104,7 @@ local function queue_written() queue_writes = queue_writes + 1 end
 -- dropped when one more is built.
 local kept, kept_count, KEPT_MAX = {}, 0, 32
 local call_seq = 0
-local function kept_group(id, build)
+local function kept_group(id, build, a, b, c)
   local e = kept[id]
   if e then
     if e.seq ~= call_seq then
@@ -114,7 +114,7 @@ local function kept_group(id, build)
     return e.group
   end
   if kept_count >= KEPT_MAX then kept, kept_count = {}, 0 end
-  local group = build()
+  local group = build(a, b, c)
   kept[id], kept_count = {group = group, seq = call_seq}, kept_count + 1
   return group
 end
@@ -133,7 +133,7 @@ end
 local function queue(key, q, pkey)
   if not key then
     if not queue_fns then
-      queue_fns = kept_group('q' .. KEYS[1], function() return queue(KEYS[1], KEYS[3], KEYS[4]) end)
+      queue_fns = kept_group('q' .. KEYS[1], queue, KEYS[1], KEYS[3], KEYS[4])
     end
     return queue_fns
   end
