@@ -289,6 +289,19 @@ async fn a_sentinel_failover_is_followed_at_once() {
         errors.len(),
         errors.iter().take(3).collect::<Vec<_>>()
     );
+    // The library came with the replica (Functions are replicated): no call on the new
+    // primary found it missing.
+    let info: String = common::cmd(&new_admin, "INFO commandstats", vec![]).await;
+    let fcall = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
+        .unwrap_or_default()
+        .to_owned();
+    println!("SENTINEL FAILOVER: FCALL on the new primary: {fcall}");
+    assert!(
+        fcall.contains("failed_calls=0"),
+        "calls on the new primary found the library missing: {fcall}"
+    );
 }
 
 /// `require_replicas` closes the window a Sentinel failover leaves: with the old primary alive
