@@ -178,13 +178,7 @@ async fn a_library_loaded_by_the_deployer_is_called() {
     let server = RedisServer::start();
     let admin = server.client().await;
     app_user(&admin, &["-function|load"]).await;
-    let name: String = common::cmd(
-        &admin,
-        "FUNCTION",
-        vec!["LOAD".into(), waitlock::scripts::library_code().into()],
-    )
-    .await;
-    assert_eq!(name, waitlock::scripts::library_name());
+    common::load_library(&admin).await;
     let before = stats(&admin).await;
     let a = common::queued_locker(&app_url(&server)).await;
     let b = common::queued_locker(&app_url(&server)).await;

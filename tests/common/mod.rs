@@ -584,6 +584,18 @@ pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// Loads waitlock's Functions library on `client`'s server, as a deployer would
+/// (`FUNCTION LOAD`, no `REPLACE`: the server must not have it), and checks the name it got.
+pub async fn load_library(client: &Client) {
+    let name: String = cmd(
+        client,
+        "FUNCTION",
+        vec!["LOAD".into(), waitlock::scripts::library_code().into()],
+    )
+    .await;
+    assert_eq!(name, waitlock::scripts::library_name());
+}
+
 /// Script calls Redis has run (FCALL of the library, EVALSHA and EVAL), from INFO
 /// commandstats.
 pub async fn script_calls(admin: &Client) -> u64 {

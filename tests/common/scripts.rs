@@ -220,13 +220,7 @@ fn function_of(text: &str) -> String {
 pub async fn run_rows(kind: &Kind, rows: impl IntoIterator<Item = &Row>) {
     let server = RedisServer::start();
     let c = server.client().await;
-    let loaded: String = super::cmd(
-        &c,
-        "FUNCTION",
-        vec!["LOAD".into(), waitlock::scripts::library_code().into()],
-    )
-    .await;
-    assert_eq!(loaded, waitlock::scripts::library_name());
+    super::load_library(&c).await;
     let rows: Vec<&Row> = rows.into_iter().collect();
     for fcall in [false, true] {
         run_rows_by(kind, &rows, &server, &c, fcall).await;
