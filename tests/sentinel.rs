@@ -244,6 +244,27 @@ async fn a_sentinel_failover_is_followed_at_once() {
     let announced = set.switch_announced().await;
     let promotion = set.promotion_of(new);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // (The replica's `FUNCTION LOAD`s so far: a load after the failover was a locker's, for a
+    // library the new primary did not have.)
+    let loads = || async {
+        let info: String = common::cmd(&new_admin, "INFO", vec!["commandstats".into()]).await;
+        common::command_calls(&info)
+            .get("function|load")
+            .copied()
+            .unwrap_or(0)
+    };
+    let loads_before = loads().await;
+    let on_replica: Value = common::cmd(
+        &new_admin,
+        "FUNCTION",
+        vec![
+            "LIST".into(),
+            "LIBRARYNAME".into(),
+            waitlock::scripts::library_name().into(),
+        ],
+    )
+    .await;
+    let had = matches!(&on_replica, Value::Array(libs) if libs.len() == 1);
     assert!(cli(set.sentinels[0].port, &["sentinel", "failover", SERVICE]).contains("OK"));
     let asked = Instant::now();
     let promoted_port = set.wait_for_new_primary(old, Duration::from_secs(30));
@@ -315,7 +336,12 @@ async fn a_sentinel_failover_is_followed_at_once() {
         .lines()
         .filter(|l| l.starts_with("errorstat_"))
         .collect();
-    println!("SENTINEL FAILOVER: FCALL on the new primary: {fcall}; its errors: {errors:?}");
+    let loaded = loads().await - loads_before;
+    println!(
+        "SENTINEL FAILOVER: the replica had the library before the failover: {had}; FCALL on \
+         it as the new primary: {fcall}; its errors: {errors:?}; library loads on it since \
+         before the failover: {loaded}"
+    );
 }
 
 /// `require_replicas` closes the window a Sentinel failover leaves: with the old primary alive
