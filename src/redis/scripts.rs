@@ -107,18 +107,50 @@ pub(crate) const PERMIT_LEAVE: &str = permits_lua!("lua/permit_leave.lua");
 /// Permits: status, read only.
 pub(crate) const PERMIT_STATUS: &str = permits_lua!("lua/permit_status.lua");
 
+/// Loads of something the server can lose (a script, the library), counted, and the gate that
+/// makes the calls that find it missing together wait for one load: after a restart, a
+/// failover or a flush, every call in flight finds it missing at once (10,000 leases' refresh
+/// batches loaded their script 80 times over: review 3).
+#[derive(Default)]
+pub(crate) struct LoadGate {
+    loads: std::sync::atomic::AtomicU64,
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl LoadGate {
+    /// The loads so far, read before a call: a load counted after it makes this call's own
+    /// needless.
+    pub(crate) fn seen(&self) -> u64 {
+        self.loads.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits for a load in progress; then the gate, held while this call loads, or `None`
+    /// when a load was counted after `seen`.
+    pub(crate) async fn enter(&self, seen: u64) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let held = self.gate.lock().await;
+        (self.seen() == seen).then_some(held)
+    }
+
+    /// A load done (by the call that holds the gate).
+    pub(crate) fn count(&self) {
+        self.loads
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Waits for a load in progress, if any (the gate is held).
+    pub(crate) async fn settled(&self) {
+        drop(self.gate.lock().await);
+    }
+}
+
 /// A script, its function in the library, and the operation name its errors carry.
 pub(crate) struct Lua {
     script: Script,
     /// Its function's full name (`library::function`).
     function: String,
     op: Op,
-    /// How many times this engine loaded the script (after `NOSCRIPT`), and the gate that
-    /// makes the calls that meet `NOSCRIPT` together wait for one load: after a restart, a
-    /// failover or a flush, every call in flight meets it at once (10,000 leases' refresh
-    /// batches loaded their script 80 times over: review 3).
-    loads: std::sync::atomic::AtomicU64,
-    gate: tokio::sync::Mutex<()>,
+    /// Its loads after `NOSCRIPT`.
+    loads: LoadGate,
 }
 
 impl Lua {
@@ -128,8 +160,7 @@ impl Lua {
             script: Script::from_lua(text),
             function: library::function(stem),
             op,
-            loads: std::sync::atomic::AtomicU64::new(0),
-            gate: tokio::sync::Mutex::new(()),
+            loads: LoadGate::default(),
         }
     }
 
@@ -140,11 +171,9 @@ impl Lua {
         client: &Client,
         seen: u64,
     ) -> std::result::Result<(), fred::error::Error> {
-        use std::sync::atomic::Ordering;
-        let _gate = self.gate.lock().await;
-        if self.loads.load(Ordering::Acquire) != seen {
+        let Some(_gate) = self.loads.enter(seen).await else {
             return Ok(());
-        }
+        };
         let text = self.script.lua().cloned().unwrap_or_default();
         if client.is_clustered() {
             client
@@ -153,7 +182,7 @@ impl Lua {
         } else {
             client.script_load::<String, _>(text).await?;
         }
-        self.loads.fetch_add(1, Ordering::Release);
+        self.loads.count();
         Ok(())
     }
 }
@@ -382,10 +411,7 @@ impl Engine {
                 if fcall {
                     loader.settled().await;
                 }
-                let seen = (
-                    lua.loads.load(std::sync::atomic::Ordering::Acquire),
-                    loader.seen(),
-                );
+                let seen = (lua.loads.seen(), loader.seen());
                 match send::<R>(client, lua, &keys, &args, how, fcall).await {
                     // Missing: loaded once, then called again; missing after that (a node
                     // that lost it again) or not loaded now: this call runs as a script.

@@ -22,6 +22,7 @@
 //! memory is full, where a script ran until its first write); acquiring stays refused then.
 
 use super::super::Client;
+use super::LoadGate;
 use fred::interfaces::{ClientLike, FunctionInterface};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -191,10 +192,9 @@ pub(crate) struct Loader {
     /// Until when (ms after `born`) a call that finds the library missing runs as a script
     /// without loading it: the last load failed.
     failed_until: AtomicU64,
-    /// How many times this engine loaded the library; with `gate`, the calls in flight that
-    /// meet "not found" together (after a restart, a flush, on a new node) wait for one load.
-    loads: AtomicU64,
-    gate: tokio::sync::Mutex<()>,
+    /// Its loads of the library: the calls in flight that meet "not found" together (after a
+    /// restart, a flush, on a new node) wait for one load.
+    loads: LoadGate,
     /// A load is in progress (calls about to be sent wait for it: [`Loader::settled`]).
     loading: AtomicBool,
 }
@@ -205,8 +205,7 @@ impl Default for Loader {
             born: Instant::now(),
             refused_until: AtomicU64::new(0),
             failed_until: AtomicU64::new(0),
-            loads: AtomicU64::new(0),
-            gate: tokio::sync::Mutex::new(()),
+            loads: LoadGate::default(),
             loading: AtomicBool::new(false),
         }
     }
@@ -234,14 +233,14 @@ impl Loader {
 
     /// The loads so far, read before a call: a later load makes this call's own needless.
     pub(crate) fn seen(&self) -> u64 {
-        self.loads.load(Ordering::Acquire)
+        self.loads.seen()
     }
 
     /// Waits for a load in progress, if any: a call sent now would find the library missing
     /// too (the calls already in flight when it went missing do).
     pub(crate) async fn settled(&self) {
         if self.loading.load(Ordering::Acquire) {
-            drop(self.gate.lock().await);
+            self.loads.settled().await;
         }
     }
 
@@ -263,10 +262,9 @@ impl Loader {
     /// same code) unless another call loaded it after `seen`, or Functions were refused, or a
     /// load failed within [`LOAD_AGAIN`]; waits for a load in progress.
     pub(crate) async fn load(&self, client: &Client, seen: u64) -> Load {
-        let _gate = self.gate.lock().await;
-        if self.loads.load(Ordering::Acquire) != seen {
+        let Some(_gate) = self.loads.enter(seen).await else {
             return Load::Loaded;
-        }
+        };
         if !self.functions() {
             return Load::Refused;
         }
@@ -289,7 +287,7 @@ impl Loader {
         self.loading.store(false, Ordering::Release);
         match sent {
             Ok(()) => {
-                self.loads.fetch_add(1, Ordering::Release);
+                self.loads.count();
                 Load::Loaded
             }
             Err(e) if refuses_functions(&e) => {
