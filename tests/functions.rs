@@ -14,21 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use waitlock::{LockOptions, Locker, Queue};
 
-async fn stats(admin: &Client) -> HashMap<String, u64> {
-    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    common::command_calls(&info)
-}
+use common::server_info::commandstats as stats;
 
 /// FCALLs answered with an error (here: "Function not found"), from `INFO commandstats`.
 async fn fcall_failures(admin: &Client) -> u64 {
-    let info: String = common::cmd(admin, "INFO commandstats", vec![]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
-        .and_then(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix("failed_calls="))
-                .and_then(|v| v.trim().parse().ok())
-        })
+    common::fcall_stats(admin)
+        .await
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("failed_calls="))
+        .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
 }
 
@@ -118,9 +112,10 @@ async fn the_library_is_loaded_once_and_every_call_is_an_fcall() {
     assert!(since(&before, &after, "fcall") >= 10, "{after:?}");
     assert_eq!(since(&before, &after, "evalsha"), 0, "{after:?}");
     assert_eq!(since(&before, &after, "script|load"), 0, "{after:?}");
-    let listed: Value = common::cmd(&admin, "FUNCTION", vec!["LIST".into()]).await;
-    let text = format!("{listed:?}");
-    assert!(text.contains(waitlock::scripts::library_name()), "{text}");
+    assert!(
+        common::has_library(&admin).await,
+        "this build's library listed"
+    );
     let memory: String = common::cmd(&admin, "INFO memory", vec![]).await;
     let vm = memory
         .lines()

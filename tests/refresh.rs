@@ -470,8 +470,8 @@ async fn a_keep_alive_racing_extends_never_outruns_redis() {
 
 /// `FUNCTION LOAD`s the server has run (`INFO commandstats`).
 async fn library_loads(client: &Client) -> u64 {
-    let info: String = common::cmd(client, "INFO commandstats", vec![]).await;
-    common::command_calls(&info)
+    common::server_info::commandstats(client)
+        .await
         .get("function|load")
         .copied()
         .unwrap_or(0)
@@ -503,11 +503,7 @@ async fn a_missing_library_is_loaded_once_not_once_per_call_in_flight() {
         guards.push(t.await.expect("task").expect("acquire after a flush"));
     }
     let loads = library_loads(&client).await - before;
-    let info: String = common::cmd(&client, "INFO commandstats", vec![]).await;
-    let missed = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
-        .unwrap_or_default();
+    let missed = common::fcall_stats(&client).await;
     println!("200 acquisitions after a flush: FCALL {missed}");
     assert_eq!(
         loads, 1,

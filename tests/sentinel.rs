@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use waitlock::fred::types::Value;
 use waitlock::{Error, LockOptions, Locker, Queue};
 
 /// A queued locker and a polling locker, each with its own connection through the sentinels.
@@ -247,24 +246,14 @@ async fn a_sentinel_failover_is_followed_at_once() {
     // (The replica's `FUNCTION LOAD`s so far: a load after the failover was a locker's, for a
     // library the new primary did not have.)
     let loads = || async {
-        let info: String = common::cmd(&new_admin, "INFO", vec!["commandstats".into()]).await;
-        common::command_calls(&info)
+        common::server_info::commandstats(&new_admin)
+            .await
             .get("function|load")
             .copied()
             .unwrap_or(0)
     };
     let loads_before = loads().await;
-    let on_replica: Value = common::cmd(
-        &new_admin,
-        "FUNCTION",
-        vec![
-            "LIST".into(),
-            "LIBRARYNAME".into(),
-            waitlock::scripts::library_name().into(),
-        ],
-    )
-    .await;
-    let had = matches!(&on_replica, Value::Array(libs) if libs.len() == 1);
+    let had = common::has_library(&new_admin).await;
     assert!(cli(set.sentinels[0].port, &["sentinel", "failover", SERVICE]).contains("OK"));
     let asked = Instant::now();
     let promoted_port = set.wait_for_new_primary(old, Duration::from_secs(30));
@@ -312,26 +301,12 @@ async fn a_sentinel_failover_is_followed_at_once() {
         errors.iter().take(3).collect::<Vec<_>>()
     );
     // The library came with the replica (Functions are replicated): the new primary has it.
-    let listed: Value = common::cmd(
-        &new_admin,
-        "FUNCTION",
-        vec![
-            "LIST".into(),
-            "LIBRARYNAME".into(),
-            waitlock::scripts::library_name().into(),
-        ],
-    )
-    .await;
     assert!(
-        matches!(&listed, Value::Array(libs) if libs.len() == 1),
-        "the new primary's libraries: {listed:?}"
+        common::has_library(&new_admin).await,
+        "the new primary does not list the library"
     );
-    let info: String = common::cmd(&new_admin, "INFO", vec!["commandstats".into()]).await;
+    let fcall = common::fcall_stats(&new_admin).await;
     let errors: String = common::cmd(&new_admin, "INFO", vec!["errorstats".into()]).await;
-    let fcall = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
-        .unwrap_or_default();
     let errors: Vec<&str> = errors
         .lines()
         .filter(|l| l.starts_with("errorstat_"))

@@ -596,6 +596,31 @@ pub async fn load_library(client: &Client) {
     assert_eq!(name, waitlock::scripts::library_name());
 }
 
+/// Whether this build's Functions library is loaded on `client`'s server.
+pub async fn has_library(client: &Client) -> bool {
+    let listed: Value = cmd(
+        client,
+        "FUNCTION",
+        vec![
+            "LIST".into(),
+            "LIBRARYNAME".into(),
+            waitlock::scripts::library_name().into(),
+        ],
+    )
+    .await;
+    matches!(&listed, Value::Array(libs) if libs.len() == 1)
+}
+
+/// The server's `INFO commandstats` figures for FCALL (`calls=..,failed_calls=..`; empty
+/// before the first).
+pub async fn fcall_stats(client: &Client) -> String {
+    let info: String = cmd(client, "INFO commandstats", vec![]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:"))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Script calls Redis has run (FCALL of the library, EVALSHA and EVAL), from INFO
 /// commandstats.
 pub async fn script_calls(admin: &Client) -> u64 {
