@@ -9,7 +9,8 @@
 //! `refresh`, `careless`, `step`; `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`; bug
 //! switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own` (`Bug::OwnClaimWindow`); one
 //! behaviour taken back to before its fix `-f1` … `-f7`, `-r1` … `-r4` (review 2's findings
-//! 1-4) (`Cfg::revert`);
+//! 1-4) (`Cfg::revert`); protocol 3's grant `p3`, or one of protocol 4's grant rules broken
+//! `unheard`, `keep-holders`, `keep-departed`, `keep-late` (`Cfg::grant`);
 //! `nocost=<bits>` leaves incident costs out of the idle bound (`Cfg::no_cost`, `COST_*` bits). `BFS=1` stops at the first
 //! violation (of a property whose name contains `PROP`, if given) and prints it: the shortest counterexample there is (1 thread, no symmetry: mind
 //! the memory, a pair can need tens of GB); otherwise DFS + symmetry on 2 threads explores
@@ -18,7 +19,7 @@
 
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::Instant;
-use waitlock_model::{Bug, Cfg, Queue, Revert};
+use waitlock_model::{Bug, Cfg, Grant, Queue, Revert};
 
 fn main() {
     let which = std::env::var("EXPLORE").unwrap_or_default();
@@ -44,6 +45,11 @@ fn main() {
             "-r3" => cfg.revert = Some(Revert::R3Retention),
             "-r4" => cfg.revert = Some(Revert::R4Future),
             "-r5" => cfg.revert = Some(Revert::R5Fill),
+            "p3" => cfg.grant = Some(Grant::ChooseAlways),
+            "unheard" => cfg.grant = Some(Grant::StandsUnheard),
+            "keep-holders" => cfg.grant = Some(Grant::KeepHolders),
+            "keep-departed" => cfg.grant = Some(Grant::KeepDeparted),
+            "keep-late" => cfg.grant = Some(Grant::KeepLate),
             "extend" => cfg.world.extends += 1,
             "refresh" => cfg.world.refreshes += 1,
             "careless" => cfg.world.careless += 1,

@@ -55,6 +55,29 @@ pub struct Cfg {
     pub revert: Option<Revert>,
     /// Incident costs left out of the idle bound (COST_* bits; experiments only).
     pub no_cost: u8,
+    /// One rule of protocol 4's grant broken, or protocol 3's grant (`None`: as implemented).
+    /// Each breaking mutation has a counterexample (`tests/exhaustive.rs`, "protocol 4").
+    pub grant: Option<Grant>,
+}
+
+/// Protocol 4's grant rule taken apart (`Cfg::grant`): the grant learns whether its head
+/// listens from its own message (`SPUBLISH`'s count of receivers), and keeps the two
+/// watchers as they are unless the grant makes one of them unfit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Protocol 3: every grant chooses the watchers again (their processes' liveness read, the
+    /// back of the queue read when they do not do).
+    ChooseAlways,
+    /// Mutation: a grant whose message nobody received stands (the head's process does not
+    /// listen: it died, or its subscriber connection dropped).
+    StandsUnheard,
+    /// Mutation: a watcher of the new holder's process is kept (it would fail with it).
+    KeepHolders,
+    /// Mutation: a watcher that is no longer queued (granted, or dropped by this walk or
+    /// an earlier one) is kept.
+    KeepDeparted,
+    /// Mutation: a watcher that would look after the new lease ends is kept, not told again.
+    KeepLate,
 }
 
 /// The behaviours that findings F1–F7 changed, each as it was before its fix (`Cfg::revert`).
@@ -120,6 +143,7 @@ impl Default for Cfg {
             bug: Bug::None,
             revert: None,
             no_cost: 0,
+            grant: None,
         }
     }
 }
@@ -304,6 +328,28 @@ impl Queue {
         self.watch(s, one(skip), px, later, fill, None);
     }
 
+    // mirrors queue.lua -> queue -> watch_granted(pid, px): protocol 4's watchers at a one-key
+    // grant to process `p` for `px`: both fields set, both watchers still queued, neither of
+    // `p`, and each looking no later than the new lease ends: kept as they are (no read of
+    // their processes, no message, nothing written); else chosen again, as `watch` does.
+    // (Protocol 3, `Grant::ChooseAlways`: always chosen again.)
+    fn watch_granted(&self, s: &mut St, p: usize, px: u8) {
+        let g = self.cfg.grant;
+        let until = self.rnow(s) + px;
+        let fit = |w: Option<(u8, W)>| match w {
+            None => false,
+            Some((at, m)) => {
+                (self.pw(m) != p || g == Some(Grant::KeepHolders))
+                    && (s.queue.contains(&m) || g == Some(Grant::KeepDeparted))
+                    && (at <= until || g == Some(Grant::KeepLate))
+            }
+        };
+        if g != Some(Grant::ChooseAlways) && fit(s.watchers[0]) && fit(s.watchers[1]) {
+            return;
+        }
+        self.watch_but(s, Some(p), px, false);
+    }
+
     // mirrors queue.lua -> queue -> lapse(pid): only if the processes hash exists
     fn lapse(&self, s: &mut St, p: usize) {
         if self.pkey_exists(s) {
@@ -369,11 +415,21 @@ impl Queue {
         s.holder_pid.map(|p| p as usize)
     }
 
+    // mirrors lock.lua -> slow -> short(ttl): a short grant is always shorter than the TTL
+    // (half of it within the claim window), so that its waiter always confirms it
+    fn short(&self, ttl: u8) -> u8 {
+        if ttl > self.cfg.claim {
+            self.cfg.claim
+        } else {
+            (ttl / 2).max(1)
+        }
+    }
+
     // mirrors lock.lua -> slow -> serve(self): hand the lock to the oldest live waiter
     fn serve(&self, s: &mut St, me: Option<W>) -> Served {
-        let (ttl, claim) = (self.world().ttl, self.cfg.claim);
+        let ttl = self.world().ttl;
         let mut i = 0;
-        let mut told = 0u32;
+        let (mut told, mut unheard) = (0u32, 0u32);
         while i < s.queue.len() {
             let head = s.queue[i];
             if Some(head) == me {
@@ -381,7 +437,36 @@ impl Queue {
                 return Served::Me;
             }
             let p = self.pw(head);
-            let st = self.process(s, p);
+            let mut st = self.process(s, p);
+            let g = self.cfg.grant;
+            if st == Status::Gone && s.procs[p].rec != Rec::Lapsed && g != Some(Grant::ChooseAlways)
+            {
+                // Protocol 4 asks nobody whether `p` listens: its grant's message does (the
+                // fence is taken first, and stays unused when nobody hears it), once per process
+                if g == Some(Grant::StandsUnheard) {
+                    // (the grant stands, though nobody received it)
+                    st = if self.recent(s, p) {
+                        Status::Fresh
+                    } else {
+                        Status::Stale
+                    };
+                } else if unheard & (1 << p) == 0 {
+                    // (`hand`: the counter keeps what it said, with the lease's life)
+                    unheard |= 1 << p;
+                    let px = if self.recent(s, p) {
+                        ttl
+                    } else {
+                        self.short(ttl)
+                    };
+                    let k = &s.key;
+                    let (q, pending) = if k.f_gone {
+                        (false, None)
+                    } else {
+                        (k.fence_q, k.fence_pending)
+                    };
+                    self.next_fence(s, q, pending, px);
+                }
+            }
             if s.procs[p].rec == Rec::Lapsed
                 && told & (1 << p) == 0
                 && !self.reverted(Revert::F2Lapse)
@@ -396,15 +481,7 @@ impl Queue {
             if st != Status::Gone {
                 s.queue.drain_front(i + 1);
                 let full = st == Status::Fresh && self.cfg.bug != Bug::ShortLeaseBackgroundConfirm;
-                // a short grant is always shorter than the TTL (half of it within the claim
-                // window), so that its waiter always confirms it
-                let px = if full {
-                    ttl
-                } else if ttl > claim {
-                    claim
-                } else {
-                    (ttl / 2).max(1)
-                };
+                let px = if full { ttl } else { self.short(ttl) };
                 let more = !s.queue.is_empty();
                 let pending = if more && !full { Some(p as Pid) } else { None };
                 let f = self.next_fence(s, more, pending, px);
@@ -422,7 +499,7 @@ impl Queue {
                     at: now,
                 };
                 self.publish(s, p, g);
-                self.watch_but(s, Some(p), px, false);
+                self.watch_granted(s, p, px);
                 if more {
                     self.keep(s, px, false);
                 } else if !self.reverted(Revert::R3Retention) {

@@ -142,9 +142,10 @@ local function build_slow(l)
   -- This key is handed to `token` of process `pid` in `state` ('h' full, 'g' short) for `px`
   -- ms, with waiters left in its queue or not (`more`): the next fence (naming `pid` as
   -- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
-  -- holder's), the queue's life. `tell`: how `pid` listens, to publish the one-key grant
-  -- message before the watchers' (nil: a set's one message goes after all its keys, by its
-  -- caller). `was_free`: the key was free
+  -- holder's), the queue's life. `tell`: a one-key grant, its message published first, `true`
+  -- when nobody asked whether `pid` listens (the message asks: `Q.grant`; nobody heard it:
+  -- nil is returned, and the fence taken stays unused, its hints as they were); nil: a set's
+  -- one message goes after all its keys, by its caller. `was_free`: the key was free
   -- (a set's other key), so a short grant its fence names as pending lapsed unconfirmed: its
   -- process is frozen or gone, as an attempt on the free lock would find. Returns the fence.
   local function hand(state, token, pid, px, more, tell, was_free)
@@ -155,10 +156,19 @@ local function build_slow(l)
       local _, _, lapsed = fence_parse(old)
       if lapsed and lapsed ~= pid then Q.lapse(lapsed) end
     end
+    if tell and not Q.grant(tell, pid, f, px, token) then
+      -- (Unheard: the counter keeps its number and what it said before.)
+      local _, q0, p0 = fence_parse(old)
+      redis.call('SET', fkey, fence_text(f, q0, p0), 'KEEPTTL')
+      return nil
+    end
     redis.call('SET', lock, state .. token, 'PX', px)
-    if tell then Q.grant(tell, pid, f, px, token) end
-    -- ('!h' = pid, with the watchers.)
-    Q.watch(pid, px, nil, nil, nil, true, pid)
+    -- ('!h' = pid, with the watchers: a one-key grant keeps them while they fit.)
+    if tell then
+      Q.watch_granted(pid, px)
+    else
+      Q.watch(pid, px, nil, nil, nil, true, pid)
+    end
     -- (The hash may be new here: it gets an expiry either way.)
     if more then Q.keep(px) else Q.retain() end
     return f
@@ -372,10 +382,23 @@ local function build_slow(l)
   -- live waiter is `self`: a one-key waiter's member is removed, nothing written), 'granted'
   -- and the PX, 'blocked', 'empty', or 'more' (SCAN departed waiters dropped, more to look
   -- at: call again).
+  local serve_once
+
+  -- (A grant nobody heard, its process gone, and the walk goes on: the call's scan bound is
+  -- shared by its walks, `budget`, so it ends at SCAN members, then 'more'.)
   local function serve(self)
-    local chosen, blocked, reserved = nil, false, false
-    -- (The watchers' processes are learnt with the heads': `ahead`.)
+    local saved = budget
+    budget = budget or SCAN
+    -- (The watcher fields are read with the first heads: `ahead`.)
     Q.ahead(true)
+    local r, px
+    repeat r, px = serve_once(self) until r ~= 'unheard'
+    budget = saved
+    return r, px
+  end
+
+  serve_once = function(self)
+    local chosen, blocked, reserved = nil, false, false
     local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
       if m.set then
         if m.own then
@@ -413,7 +436,7 @@ local function build_slow(l)
     -- (Every member before the chosen one left: the queue is what is behind it.)
     local more = behind
     if more == nil then more = redis.call('ZCARD', q) > 0 end
-    hand(full and HANDED or GRANTED, token, pid, px, more, p.how)
+    if not hand(full and HANDED or GRANTED, token, pid, px, more, p.how) then return 'unheard' end
     return 'granted', px
   end
 

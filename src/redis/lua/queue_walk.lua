@@ -12,19 +12,44 @@
       end
     end
 
-    -- Tells `token`'s waiter in process `pid` (listening `how`) that it holds the key for `px`
-    -- ms with fence `f`, from Redis' time now: the 'g2' message.
+    local known = {}
+
+    -- Tells `token`'s waiter in process `pid` that it holds the key for `px` ms with fence `f`,
+    -- from Redis' time now: the 'g2' message. `how`: how it listens, or true when a walk did
+    -- not ask (`probe`): the message itself asks, sharded first, and the number of its
+    -- receivers says whether the process listens. Returns how it listens (nil: nobody heard
+    -- it, and the process is known gone for the rest of the call).
     local function grant(how, pid, f, px, token)
-      publish(how, channel(pid), 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token)
+      local chan = channel(pid)
+      local msg = 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token
+      if how ~= true then
+        publish(how, chan, msg)
+        return how
+      end
+      local n = redis.pcall('SPUBLISH', chan, msg)
+      how = nil
+      if type(n) == 'number' and n > 0 then
+        how = 's'
+      elseif redis.call('PUBLISH', chan, msg) > 0 then
+        how = 'c'
+      end
+      local k = known[pid]
+      if how and k then
+        k.how, k.probe = how, nil
+      else
+        known[pid] = {is = 'gone'}
+      end
+      return how
     end
 
     -- What a queue walk knows of each listener of a member (asked once per call), by its
-    -- channel: listening how, and 'fresh' (its process seen on this key within the presence
-    -- window), 'stale' (listening, not seen lately) or 'gone' (nobody listens, or its process's
-    -- short grant lapsed).
-    local known = {}
-    local function judge(rec, how)
-      local k = {lapsed = rec == LAPSED, how = how}
+    -- channel (`known`, above): listening how, and 'fresh' (its process seen on this key within
+    -- the presence window), 'stale' (listening, not seen lately) or 'gone' (nobody listens, or
+    -- its process's short grant lapsed). `probe`: the listeners were not asked (a grant's walk,
+    -- whose message asks: `grant`), 'fresh' or 'stale' by the record alone, `rec` kept.
+    local function judge(rec, how, probe)
+      if probe and rec ~= LAPSED then how = true end
+      local k = {lapsed = rec == LAPSED, how = how, probe = probe and how == true, rec = rec}
       -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
       -- clock is behind) says nothing of the process: not fresh.
       local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
@@ -40,15 +65,21 @@
 
     -- Learns what `known` says of each of the members `ms` (strings; `n` of them, some may be
     -- false) not known yet, in one read of their processes' records (none for those whose
-    -- record `pre` has, from `read_fields`) and one (or, for classic pub/sub, two) of their
-    -- listeners, whatever their number.
-    local function know(ms, n, pre)
+    -- record `pre` has, from `read_fields`, or a probe kept) and one (or, for classic pub/sub,
+    -- two) of their listeners, whatever their number. `probe`: one-key waiters' listeners are
+    -- not asked (see `judge`); without it, what a probe left is asked.
+    local function know(ms, n, pre, probe)
       local ask, pids, unread, asked, wanted = {}, {}, {}, {}, {}
       pre = pre or {}
       for k = 1, n do
         local who, pid = nil, nil
         if ms[k] then who, pid = ident(ms[k]) end
-        if who and not known[who] and not asked[who] then
+        local kn = who and known[who]
+        if kn and kn.probe and not probe then
+          if pre[pid] == nil then pre[pid] = kn.rec end
+          kn = nil
+        end
+        if who and not kn and not asked[who] then
           asked[who] = true
           ask[#ask + 1], pids[#ask + 1] = who, pid
           if pre[pid] == nil and not wanted[pid] then
@@ -71,26 +102,32 @@
         local pid = pids[j]
         recs[j] = pre[pid] or nil
         if pid == due then recs[j] = math.floor(now_us() / 1000) end
-        if recs[j] ~= LAPSED then
+        if recs[j] ~= LAPSED and not (probe and who == pid) then
           live[#live + 1] = (who == pid) and channel(pid) or who
           of[#live] = j
         end
       end
       local hows = {}
       for k, how in pairs(listeners(live)) do hows[of[k]] = how end
-      for j, who in ipairs(ask) do known[who] = judge(recs[j], hows[j]) end
+      for j, who in ipairs(ask) do
+        known[who] = judge(recs[j], hows[j], probe and who == pids[j])
+      end
     end
 
-    -- What `known` says of parsed member `m`'s listener.
-    local function process(m)
-      if not known[m.who] then know({m.member}, 1) end
-      return known[m.who]
+    -- What `known` says of parsed member `m`'s listener (`probe`: as `know`'s).
+    local function process(m, probe)
+      local k = known[m.who]
+      if not k or (k.probe and not probe) then
+        know({m.member}, 1, nil, probe)
+        k = known[m.who]
+      end
+      return k
     end
 
-    -- A grant's walk reads the watchers' fields and '!h' when it reads its first heads (after
-    -- `ahead(true)`), so that the watchers' processes are learnt with the heads', in one HMGET
-    -- of records and one PUBSUB call; the `watch` that follows uses that read (nothing writes
-    -- those fields in between).
+    -- A grant's walk (after `ahead(true)`) reads the watcher fields and '!h' with its first
+    -- heads' records, in one HMGET, for the `watch_granted` (or `watch`) that follows (nothing
+    -- writes those fields in between); and it does not ask whether its heads' processes listen:
+    -- its grant's message asks (`probe`, `grant`).
     local ahead_on, ahead_was = false, nil
 
     -- The queue as this call's last walk read it to its end, in order, less the members that
@@ -164,19 +201,14 @@
           ended = not full
           batches[#batches + 1] = heads
           if #heads == 0 then return nil end
-          local ms, n, pre = heads, #heads, nil
+          local pre = nil
           if ahead_on and not ahead_was then
-            -- (The heads' records in the same HMGET: with few processes, the watchers' are among
-            -- them, and `know` reads nothing more.)
+            -- (The heads' records in the same HMGET as the watcher fields.)
             local pids = {}
             for k, head in ipairs(heads) do pids[k] = string.match(head, '^%S+') end
             ahead_was, pre = read_fields(pids)
-            -- (After the heads: the walk reads only those.)
-            ms = {unpack(heads)}
-            for k = 1, 2 do ms[n + k] = watcher_of(ahead_was[k]) or false end
-            n = n + 2
           end
-          know(ms, n, pre)
+          know(heads, #heads, pre, ahead_on)
         end
         i = i + 1
         return heads[i]
@@ -193,7 +225,7 @@
           if m.own then
             verdict = visit(m)
           else
-            m.p = process(m)
+            m.p = process(m, ahead_on)
             if m.p.lapsed and not m.p.told then
               -- Its waiters are dropped: if it still listens (it was frozen, not dead), they must
               -- know, or they sleep with nobody to wake them.
@@ -371,13 +403,42 @@
       if #chosen > 0 and not kept then retain() end
     end
 
+    -- Protocol 4's watchers at a one-key grant to process `pid` for `px` ms, its holder now
+    -- (model: `watch_granted`): kept as they are when both fields are set, both watchers are
+    -- still queued, neither is of `pid` (it would fail with the holder) and each looks no later
+    -- than the new lease ends; then nothing is read of their processes and nobody is told, and
+    -- only '!h' (with the due record) is written where it changes. Else chosen again (`watch`).
+    -- A watcher whose process died meanwhile stays until a walk drops it or it reaches the
+    -- head: the other, of another process, looks (docs/design.md, "The grant").
+    local function watch_granted(pid, px)
+      local was = ahead_was or read_fields()
+      local until_ms = math.floor(now_us() / 1000) + px
+      local ms = {}
+      for i = 1, 2 do
+        local m, at = watcher_of(was[i])
+        if not m or at > until_ms or string.match(m, '^%S+') == pid then
+          return watch(pid, px, nil, nil, nil, true, pid)
+        end
+        ms[i] = m
+      end
+      local score = queued(ms)
+      if not (score[1] and score[2]) then return watch(pid, px, nil, nil, nil, true, pid) end
+      ahead(false)
+      use_hint(was)
+      if was[3] == pid then
+        flush({}, 0)
+      else
+        flush({'!h', pid}, was[3] and 0 or 1)
+      end
+    end
+
     -- (What a call learnt, forgotten by the next: `reset_call`.)
     walk_reset = function()
       known = {}
       ahead_on, ahead_was, whole = false, nil, nil
     end
     walk_fns = {publish = publish, grant = grant, process = process, walk = walk, ahead = ahead,
-      watch = watch}
+      watch = watch, watch_granted = watch_granted}
     return walk_fns
   end
 
