@@ -10,7 +10,7 @@
 //! switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own` (`Bug::OwnClaimWindow`); one
 //! behaviour taken back to before its fix `-f1` … `-f7`, `-r1` … `-r4` (review 2's findings
 //! 1-4) (`Cfg::revert`); protocol 3's grant `p3`, or one of protocol 4's grant rules broken
-//! `unheard`, `keep-holders`, `keep-departed`, `keep-late` (`Cfg::grant`);
+//! `unheard`, `fence-kept`, `keep-holders`, `keep-departed`, `keep-late` (`Cfg::grant`);
 //! `nocost=<bits>` leaves incident costs out of the idle bound (`Cfg::no_cost`, `COST_*` bits). `BFS=1` stops at the first
 //! violation (of a property whose name contains `PROP`, if given) and prints it: the shortest counterexample there is (1 thread, no symmetry: mind
 //! the memory, a pair can need tens of GB); otherwise DFS + symmetry on 2 threads explores
@@ -50,6 +50,7 @@ fn main() {
             "keep-holders" => cfg.grant = Some(Grant::KeepHolders),
             "keep-departed" => cfg.grant = Some(Grant::KeepDeparted),
             "keep-late" => cfg.grant = Some(Grant::KeepLate),
+            "fence-kept" => cfg.grant = Some(Grant::UnheardFenceKept),
             "extend" => cfg.world.extends += 1,
             "refresh" => cfg.world.refreshes += 1,
             "careless" => cfg.world.careless += 1,

@@ -76,6 +76,10 @@ pub enum Grant {
     /// Mutation: a watcher that is no longer queued (granted, or dropped by this walk or
     /// an earlier one) is kept.
     KeepDeparted,
+    /// Mutation: a grant nobody heard keeps the fence it took (the counter not put back), so
+    /// an acquire that took the free lock, then served a queue whose head was unheard, returns
+    /// a fence that is not its hold's (found by this model, (c2)).
+    UnheardFenceKept,
     /// Mutation: a watcher that would look after the new lease ends is kept, not told again.
     KeepLate,
 }
@@ -442,7 +446,7 @@ impl Queue {
             if st == Status::Gone && s.procs[p].rec != Rec::Lapsed && g != Some(Grant::ChooseAlways)
             {
                 // Protocol 4 asks nobody whether `p` listens: its grant's message does (the
-                // fence is taken first, and stays unused when nobody hears it), once per process
+                // fence is taken first, and given back when nobody hears it), once per process
                 if g == Some(Grant::StandsUnheard) {
                     // (the grant stands, though nobody received it)
                     st = if self.recent(s, p) {
@@ -450,21 +454,25 @@ impl Queue {
                     } else {
                         Status::Stale
                     };
-                } else if unheard & (1 << p) == 0 {
-                    // (`hand`: the counter keeps what it said, with the lease's life)
+                } else if unheard & (1 << p) == 0 && g == Some(Grant::UnheardFenceKept) {
                     unheard |= 1 << p;
                     let px = if self.recent(s, p) {
                         ttl
                     } else {
                         self.short(ttl)
                     };
-                    let k = &s.key;
-                    let (q, pending) = if k.f_gone {
-                        (false, None)
-                    } else {
-                        (k.fence_q, k.fence_pending)
-                    };
+                    let (q, pending) = (s.key.fence_q, s.key.fence_pending);
                     self.next_fence(s, q, pending, px);
+                } else if unheard & (1 << p) == 0 && !s.key.f_gone && s.key.fence != 0 {
+                    // (`hand`: the counter is put back as it was, with the life the grant's
+                    // `next_fence` gave it; a vanished one vanishes again)
+                    unheard |= 1 << p;
+                    let px = if self.recent(s, p) {
+                        ttl
+                    } else {
+                        self.short(ttl)
+                    };
+                    s.key.f_exp = self.fence_life(s, px);
                 }
             }
             if s.procs[p].rec == Rec::Lapsed

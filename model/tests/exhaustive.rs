@@ -972,7 +972,8 @@ fn limit_a_careless_holder_with_both_watchers_gone() {
 // count of receivers; unheard, the walk goes on), and it keeps the two watchers unless it makes
 // one of them unfit (`Cfg::grant`, `Grant`). Every pair above runs the rule as implemented.
 // Each of its parts taken away (a mutation) is pinned here by a trace that breaks (b) with that
-// part gone and not as implemented; `KeepHolders` and `KeepDeparted` have none within the
+// part gone and not as implemented (and the fence given back by an unheard grant, found by the
+// model); `KeepHolders` and `KeepDeparted` have none within the
 // model's world (docs/design.md, "The grant"), `protocol_3_grant` checks the old rule still
 // holds where the pairs ran it.
 
@@ -1011,6 +1012,42 @@ fn protocol_4_an_unheard_grant_does_not_stand() {
         cfg,
         &t,
         B,
+    );
+}
+
+/// An unheard grant's fence kept (found by this model while the rule was written, in the
+/// subscriber drop + kill pair): w2 and w3 (P1) and w1 (P0) queue behind w0; w0's release
+/// grants w2 (P1), whose subscriber drops with the grant in flight. When the lease ends w1 (P0)
+/// looks: it takes the free lock (fence 3), then serves the queue, whose head w3 (P1) is
+/// granted unheard and took fence 4; the walk drops it and w1 returns fence 3 while its hold's
+/// is 4. As implemented the counter is put back: the hold's fence is 3.
+#[test]
+fn protocol_4_an_unheard_grant_gives_its_fence_back() {
+    let t = [
+        Start(0),
+        Start(1),
+        Start(2),
+        Attempt(2),
+        Start(3),
+        Attempt(3),
+        Attempt(1),
+        Kill(2),
+        Release(0),
+        SubDrop(1),
+        Tick,
+        Tick,
+        Tick,
+        Tick,
+        Wake(1),
+        Attempt(1),
+    ];
+    let cfg = with(&["drop", "kill"]);
+    finding(
+        "P4 fence",
+        granting(cfg.clone(), Grant::UnheardFenceKept),
+        cfg,
+        &t,
+        C2,
     );
 }
 

@@ -144,7 +144,7 @@ local function build_slow(l)
   -- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
   -- holder's), the queue's life. `tell`: a one-key grant, its message published first, `true`
   -- when nobody asked whether `pid` listens (the message asks: `Q.grant`; nobody heard it:
-  -- nil is returned, and the fence taken stays unused, its hints as they were); nil: a set's
+  -- nil is returned, and the fence counter is as it was); nil: a set's
   -- one message goes after all its keys, by its caller. `was_free`: the key was free
   -- (a set's other key), so a short grant its fence names as pending lapsed unconfirmed: its
   -- process is frozen or gone, as an attempt on the free lock would find. Returns the fence.
@@ -157,9 +157,10 @@ local function build_slow(l)
       if lapsed and lapsed ~= pid then Q.lapse(lapsed) end
     end
     if tell and not Q.grant(tell, pid, f, px, token) then
-      -- (Unheard: the counter keeps its number and what it said before.)
-      local _, q0, p0 = fence_parse(old)
-      redis.call('SET', fkey, fence_text(f, q0, p0), 'KEEPTTL')
+      -- (Unheard: the counter is put back as it was, a vanished one gone again. Nobody
+      -- received `f`, so the next grant may take it again; an acquire that took the lock free
+      -- before it served the queue returns the fence it took, still the hold's.)
+      if old then redis.call('SET', fkey, old, 'KEEPTTL') else redis.call('DEL', fkey) end
       return nil
     end
     redis.call('SET', lock, state .. token, 'PX', px)

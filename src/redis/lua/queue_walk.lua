@@ -16,8 +16,8 @@
 
     -- Tells `token`'s waiter in process `pid` that it holds the key for `px` ms with fence `f`,
     -- from Redis' time now: the 'g2' message. `how`: how it listens, or true when a walk did
-    -- not ask (`probe`): the message itself asks, sharded first, and the number of its
-    -- receivers says whether the process listens. Returns how it listens (nil: nobody heard
+    -- not ask (`probe`): the message itself asks, sharded (classic where Redis has no sharded
+    -- pub/sub), and the number of its receivers says whether the process listens. Returns how it listens (nil: nobody heard
     -- it, and the process is known gone for the rest of the call).
     local function grant(how, pid, f, px, token)
       local chan = channel(pid)
@@ -26,10 +26,12 @@
         publish(how, chan, msg)
         return how
       end
+      -- (Classic only where Redis has no sharded pub/sub: every locker listens sharded where
+      -- it has, and PUBLISH's count would include pattern subscribers.)
       local n = redis.pcall('SPUBLISH', chan, msg)
       how = nil
-      if type(n) == 'number' and n > 0 then
-        how = 's'
+      if type(n) == 'number' then
+        if n > 0 then how = 's' end
       elseif redis.call('PUBLISH', chan, msg) > 0 then
         how = 'c'
       end
