@@ -10,7 +10,8 @@
 //! switches `short` (`Bug::ShortLeaseBackgroundConfirm`), `own` (`Bug::OwnClaimWindow`); one
 //! behaviour taken back to before its fix `-f1` … `-f7`, `-r1` … `-r4` (review 2's findings
 //! 1-4) (`Cfg::revert`); protocol 3's grant `p3`, or one of protocol 4's grant rules broken
-//! `unheard`, `fence-kept`, `keep-holders`, `keep-departed`, `keep-late` (`Cfg::grant`);
+//! `unheard`, `fence-kept`, `keep-departed`, `keep-late`, or the rule's first cut
+//! `choose-for-holders` (`Cfg::grant`);
 //! `nocost=<bits>` leaves incident costs out of the idle bound (`Cfg::no_cost`, `COST_*` bits). `BFS=1` stops at the first
 //! violation (of a property whose name contains `PROP`, if given) and prints it: the shortest counterexample there is (1 thread, no symmetry: mind
 //! the memory, a pair can need tens of GB); otherwise DFS + symmetry on 2 threads explores
@@ -47,7 +48,7 @@ fn main() {
             "-r5" => cfg.revert = Some(Revert::R5Fill),
             "p3" => cfg.grant = Some(Grant::ChooseAlways),
             "unheard" => cfg.grant = Some(Grant::StandsUnheard),
-            "keep-holders" => cfg.grant = Some(Grant::KeepHolders),
+            "choose-for-holders" => cfg.grant = Some(Grant::ChooseForHolders),
             "keep-departed" => cfg.grant = Some(Grant::KeepDeparted),
             "keep-late" => cfg.grant = Some(Grant::KeepLate),
             "fence-kept" => cfg.grant = Some(Grant::UnheardFenceKept),

@@ -71,8 +71,11 @@ pub enum Grant {
     /// Mutation: a grant whose message nobody received stands (the head's process does not
     /// listen: it died, or its subscriber connection dropped).
     StandsUnheard,
-    /// Mutation: a watcher of the new holder's process is kept (it would fail with it).
-    KeepHolders,
+    /// The first cut of the rule: a watcher of the new holder's process is chosen again (it
+    /// would fail with it; a newcomer's queueing attempt replaces it all the same). No
+    /// property needs it within the model's world, and it made half the grants of a queue of
+    /// four processes choose again.
+    ChooseForHolders,
     /// Mutation: a watcher that is no longer queued (granted, or dropped by this walk or
     /// an earlier one) is kept.
     KeepDeparted,
@@ -333,9 +336,9 @@ impl Queue {
     }
 
     // mirrors queue.lua -> queue -> watch_granted(pid, px): protocol 4's watchers at a one-key
-    // grant to process `p` for `px`: both fields set, both watchers still queued, neither of
-    // `p`, and each looking no later than the new lease ends: kept as they are (no read of
-    // their processes, no message, nothing written); else chosen again, as `watch` does.
+    // grant to process `p` for `px`: both fields set, both watchers still queued, and each
+    // looking no later than the new lease ends: kept as they are (no read of their processes,
+    // no message, nothing written; one of `p` too); else chosen again, as `watch` does.
     // (Protocol 3, `Grant::ChooseAlways`: always chosen again.)
     fn watch_granted(&self, s: &mut St, p: usize, px: u8) {
         let g = self.cfg.grant;
@@ -343,7 +346,7 @@ impl Queue {
         let fit = |w: Option<(u8, W)>| match w {
             None => false,
             Some((at, m)) => {
-                (self.pw(m) != p || g == Some(Grant::KeepHolders))
+                (self.pw(m) != p || g != Some(Grant::ChooseForHolders))
                     && (s.queue.contains(&m) || g == Some(Grant::KeepDeparted))
                     && (at <= until || g == Some(Grant::KeepLate))
             }

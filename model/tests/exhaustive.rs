@@ -973,9 +973,9 @@ fn limit_a_careless_holder_with_both_watchers_gone() {
 // one of them unfit (`Cfg::grant`, `Grant`). Every pair above runs the rule as implemented.
 // Each of its parts taken away (a mutation) is pinned here by a trace that breaks (b) with that
 // part gone and not as implemented (and the fence given back by an unheard grant, found by the
-// model); `KeepHolders` and `KeepDeparted` have none within the
-// model's world (docs/design.md, "The grant"), `protocol_3_grant` checks the old rule still
-// holds where the pairs ran it.
+// model); `KeepDeparted` has none within the model's world, nor had the first cut's extra
+// condition (`ChooseForHolders`: no property needs it), docs/design.md, "The grant";
+// `protocol_3_grant` checks the old rule still holds where the pairs ran it.
 
 /// `cfg` with protocol 4's grant rule taken apart as `g`.
 fn granting(cfg: Cfg, g: Grant) -> Cfg {

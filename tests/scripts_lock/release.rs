@@ -368,9 +368,10 @@ pub const ROWS: &[Row] = &[
             // ('!e' says the queue and the hash live long enough: not moved)
             Ttl(Q, 4_990_000, 5_000_000),
             Ttl(P, 4_990_000, 5_000_000),
-            // (the walk read the whole queue: whether the watchers are queued, and the
-            // queue's back, come from that read, not from a ZMSCORE and a ZRANGE)
-            Commands(11),
+            // (protocol 4: the watchers kept, w2 of the new holder's process too; the walk
+            // read the whole queue, so whether they are queued comes from that read, not from
+            // a ZMSCORE; no PUBSUB)
+            Commands(10),
         ],
     },
     Row {
@@ -395,7 +396,8 @@ pub const ROWS: &[Row] = &[
             Get(L, Some("hw1")),
             Ttl(Q, 4_519_000, 4_520_000),
             Ttl(P, 4_519_000, 4_520_000),
-            Commands(14),
+            // (the row above, and three more: HSET !e, two PEXPIREs)
+            Commands(13),
         ],
     },
     Row {

@@ -407,20 +407,19 @@
 
     -- Protocol 4's watchers at a one-key grant to process `pid` for `px` ms, its holder now
     -- (model: `watch_granted`): kept as they are when both fields are set, both watchers are
-    -- still queued, neither is of `pid` (it would fail with the holder) and each looks no later
-    -- than the new lease ends; then nothing is read of their processes and nobody is told, and
-    -- only '!h' (with the due record) is written where it changes. Else chosen again (`watch`).
-    -- A watcher whose process died meanwhile stays until a walk drops it or it reaches the
-    -- head: the other, of another process, looks (docs/design.md, "The grant").
+    -- still queued and each looks no later than the new lease ends; then nothing is read of
+    -- their processes and nobody is told, and only '!h' (with the due record) is written where
+    -- it changes. Else chosen again (`watch`). A watcher of `pid`'s process, or one whose
+    -- process died meanwhile, stays (until a newcomer of another process takes the field of the
+    -- holder's: `watching`; until a walk drops a dead one): the other, always of another
+    -- process, looks (docs/design.md, "The grant").
     local function watch_granted(pid, px)
       local was = ahead_was or read_fields()
       local until_ms = math.floor(now_us() / 1000) + px
       local ms = {}
       for i = 1, 2 do
         local m, at = watcher_of(was[i])
-        if not m or at > until_ms or string.match(m, '^%S+') == pid then
-          return watch(pid, px, nil, nil, nil, true, pid)
-        end
+        if not m or at > until_ms then return watch(pid, px, nil, nil, nil, true, pid) end
         ms[i] = m
       end
       local score = queued(ms)
