@@ -35,20 +35,20 @@ const COMMON: &[(&str, &str)] = &[
         "serve: the walk's verdict",
     ),
     (
-        "    if was_free then\n      local _, _, lapsed",
+        "    if tell and not Q.grant(tell, pid, f, px, token) then\n",
         "hand: next fence (TIME, SET GET)",
     ),
     (
-        "    if tell then Q.grant(tell, pid, f, px, token) end\n",
+        "    redis.call('SET', lock, state .. token, 'PX', px)\n    -- ('!h' = pid",
+        "hand: SPUBLISH the grant (its receivers: the head's liveness)",
+    ),
+    (
+        "    if tell then\n      Q.watch_granted(pid, px)\n",
         "hand: SET the lock",
     ),
     (
-        "    -- ('!h' = pid, with the watchers.)\n    Q.watch(pid, px",
-        "hand: SPUBLISH the grant",
-    ),
-    (
         "    -- (The hash may be new here: it gets an expiry either way.)\n",
-        "hand: the watchers' choice (all of watch)",
+        "hand: the watchers (watch_granted, or all of watch)",
     ),
     ("    return f\n  end\n\n  -- The rarer paths", "hand: keep (PEXPIREs)"),
     // lock.lua, `serve`.
@@ -58,16 +58,16 @@ const COMMON: &[(&str, &str)] = &[
     ),
     // queue.lua, `walk`: the first batch of heads.
     (
-        "          local ms, n, pre = heads, #heads, nil\n",
+        "          local pre, n = nil, #heads\n",
         "walk: ZRANGE of the first heads",
     ),
     (
-        "            -- (After the heads: the walk reads only those.)\n",
+        "          know(heads, n, pre, ahead_on)\n",
         "walk: HMGET of their records and the watchers' fields",
     ),
     (
         "        end\n        i = i + 1\n        return heads[i]\n",
-        "walk: the listeners and freshness of their processes (know)",
+        "walk: the freshness of their processes (know, by record)",
     ),
     (
         "      local kept = ended and queue_writes == writes0\n",
@@ -83,8 +83,17 @@ const COMMON: &[(&str, &str)] = &[
         "know: whom to ask (tables, members' pids)",
     ),
     (
-        "      for j, who in ipairs(ask) do known[who] = judge(recs[j], hows[j]) end\n",
-        "know: PUBSUB SHARDNUMSUB",
+        "      for j, who in ipairs(ask) do\n        known[who] = judge(",
+        "know: PUBSUB SHARDNUMSUB (none in a grant's walk)",
+    ),
+    // queue.lua, `watch_granted`.
+    (
+        "      local score = queued(ms)\n      if not (score[1]",
+        "watch_granted: the fields parsed",
+    ),
+    (
+        "      ahead(false)\n      use_hint(was)\n      if was[3] == pid then",
+        "watch_granted: are they queued (ZMSCORE or the walk's read)",
     ),
     // queue.lua, `watch`.
     (

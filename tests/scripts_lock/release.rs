@@ -279,7 +279,7 @@ pub const ROWS: &[Row] = &[
             // process is granted first, unheard (its SPUBLISH has no receiver; the fence
             // counter taken and put back), then its heads are dropped by a second walk, which
             // reads the next head's record)
-            Commands(23),
+            Commands(24),
         ],
     },
     Row {

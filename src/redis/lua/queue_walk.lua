@@ -203,14 +203,17 @@
           ended = not full
           batches[#batches + 1] = heads
           if #heads == 0 then return nil end
-          local pre = nil
+          local pre, n = nil, #heads
           if ahead_on and not ahead_was then
-            -- (The heads' records in the same HMGET as the watcher fields.)
+            -- (The first two heads' records in the same HMGET as the watcher fields; a
+            -- grant's walk learns the others', by record only, when it reaches them: most
+            -- stop at the first. The batch is read whole all the same: `whole`.)
+            n = math.min(n, 2)
             local pids = {}
-            for k, head in ipairs(heads) do pids[k] = string.match(head, '^%S+') end
+            for k = 1, n do pids[k] = string.match(heads[k], '^%S+') end
             ahead_was, pre = read_fields(pids)
           end
-          know(heads, #heads, pre, ahead_on)
+          know(heads, n, pre, ahead_on)
         end
         i = i + 1
         return heads[i]
