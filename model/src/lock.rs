@@ -450,32 +450,21 @@ impl Queue {
             {
                 // Protocol 4 asks nobody whether `p` listens: its grant's message does (the
                 // fence is taken first, and given back when nobody hears it), once per process
+                let fresh = self.recent(s, p);
                 if g == Some(Grant::StandsUnheard) {
                     // (the grant stands, though nobody received it)
-                    st = if self.recent(s, p) {
-                        Status::Fresh
-                    } else {
-                        Status::Stale
-                    };
-                } else if unheard & (1 << p) == 0 && g == Some(Grant::UnheardFenceKept) {
+                    st = if fresh { Status::Fresh } else { Status::Stale };
+                } else if unheard & (1 << p) == 0 {
                     unheard |= 1 << p;
-                    let px = if self.recent(s, p) {
-                        ttl
-                    } else {
-                        self.short(ttl)
-                    };
-                    let (q, pending) = (s.key.fence_q, s.key.fence_pending);
-                    self.next_fence(s, q, pending, px);
-                } else if unheard & (1 << p) == 0 && !s.key.f_gone && s.key.fence != 0 {
-                    // (`hand`: the counter is put back as it was, with the life the grant's
-                    // `next_fence` gave it; a vanished one vanishes again)
-                    unheard |= 1 << p;
-                    let px = if self.recent(s, p) {
-                        ttl
-                    } else {
-                        self.short(ttl)
-                    };
-                    s.key.f_exp = self.fence_life(s, px);
+                    let px = if fresh { ttl } else { self.short(ttl) };
+                    if g == Some(Grant::UnheardFenceKept) {
+                        let (q, pending) = (s.key.fence_q, s.key.fence_pending);
+                        self.next_fence(s, q, pending, px);
+                    } else if !s.key.f_gone && s.key.fence != 0 {
+                        // (`hand`: the counter is put back as it was, with the life the
+                        // grant's `next_fence` gave it; a vanished one vanishes again)
+                        s.key.f_exp = self.fence_life(s, px);
+                    }
                 }
             }
             if s.procs[p].rec == Rec::Lapsed

@@ -36,10 +36,10 @@
         how = 'c'
       end
       local k = known[pid]
-      if how and k then
-        k.how, k.probe = how, nil
-      else
+      if not how then
         known[pid] = {is = 'gone'}
+      elseif k then
+        k.how, k.probe = how, nil
       end
       return how
     end
@@ -50,8 +50,9 @@
     -- its process's short grant lapsed). `probe`: the listeners were not asked (a grant's walk,
     -- whose message asks: `grant`), 'fresh' or 'stale' by the record alone, `rec` kept.
     local function judge(rec, how, probe)
-      if probe and rec ~= LAPSED then how = true end
-      local k = {lapsed = rec == LAPSED, how = how, probe = probe and how == true, rec = rec}
+      probe = probe and rec ~= LAPSED
+      if probe then how = true end
+      local k = {lapsed = rec == LAPSED, how = how, probe = probe, rec = rec}
       -- A record in Redis' future (its clock stepped back, or the key moved to a node whose
       -- clock is behind) says nothing of the process: not fresh.
       local d = rec and not k.lapsed and (math.floor(now_us() / 1000) - tonumber(rec))
@@ -418,15 +419,18 @@
     -- process, looks (docs/design.md, "The grant").
     local function watch_granted(pid, px)
       local was = ahead_was or read_fields()
-      local until_ms = math.floor(now_us() / 1000) + px
-      local ms = {}
-      for i = 1, 2 do
-        local m, at = watcher_of(was[i])
-        if not m or at > until_ms then return watch(pid, px, nil, nil, nil, true, pid) end
-        ms[i] = m
+      local function fit()
+        local until_ms = math.floor(now_us() / 1000) + px
+        local ms = {}
+        for i = 1, 2 do
+          local m, at = watcher_of(was[i])
+          if not m or at > until_ms then return false end
+          ms[i] = m
+        end
+        local score = queued(ms)
+        return score[1] and score[2]
       end
-      local score = queued(ms)
-      if not (score[1] and score[2]) then return watch(pid, px, nil, nil, nil, true, pid) end
+      if not fit() then return watch(pid, px, nil, nil, nil, true, pid) end
       ahead(false)
       use_hint(was)
       if was[3] == pid then
