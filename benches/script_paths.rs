@@ -77,29 +77,41 @@ fn int(v: &Value) -> i64 {
 }
 
 /// The script `name` of commit `rev`, composed as `src/redis/scripts.rs` composes it (the
-/// queue layer's second file, `queue_walk.lua`, where the commit has it: it was one file
-/// until issue 52).
+/// queue layer's later files, `queue_walk.lua` and `queue_watch.lua`, and the lock's
+/// `lock_sets.lua`, where the commit has them: the queue layer was one file until issue 52,
+/// and the other two came with issue 53's functions).
 fn script_at(rev: &str, name: &str) -> String {
-    ["queue", "queue_walk", "lock", name]
-        .iter()
-        .filter_map(|f| {
-            let path = format!("{rev}:src/redis/lua/{f}.lua");
-            let out = std::process::Command::new("git")
-                .args(["show", &path])
-                .output()
-                .unwrap_or_else(|e| panic!("git show {path}: {e}"));
-            if *f == "queue_walk" && !out.status.success() {
-                return None;
-            }
-            assert!(
-                out.status.success(),
-                "git show {path}: {} (BENCH_SCRIPTS_FROM needs a commit with the queue layer's \
-                 files, src/redis/lua/queue.lua and lock.lua)",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            Some(String::from_utf8(out.stdout).expect("utf-8 script"))
-        })
-        .collect()
+    let mut composed = String::new();
+    for f in [
+        "queue",
+        "queue_walk",
+        "queue_watch",
+        "lock",
+        "lock_sets",
+        name,
+    ] {
+        let path = format!("{rev}:src/redis/lua/{f}.lua");
+        let out = std::process::Command::new("git")
+            .args(["show", &path])
+            .output()
+            .unwrap_or_else(|e| panic!("git show {path}: {e}"));
+        if ["queue_walk", "queue_watch", "lock_sets"].contains(&f) && !out.status.success() {
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "git show {path}: {} (BENCH_SCRIPTS_FROM needs a commit with the queue layer's \
+             files, src/redis/lua/queue.lua and lock.lua)",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        // (A commit whose calls start by `begin_lock`, as `scripts.rs` composes them since the
+        // Functions library: the call's start goes before the script itself.)
+        if f == name && composed.contains("local function begin_lock()") {
+            composed.push_str("\nbegin_lock()\n");
+        }
+        composed.push_str(&String::from_utf8(out.stdout).expect("utf-8 script"));
+    }
+    composed
 }
 
 fn names(tag: &str) -> Vec<String> {

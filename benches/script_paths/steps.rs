@@ -26,108 +26,109 @@ use waitlock::fred::prelude::*;
 /// (anchor, step): `STEP(step)` goes before the anchor, which must occur exactly once in the
 /// composed script; `step` names what ran since the previous checkpoint.
 const COMMON: &[(&str, &str)] = &[
-    // lock.lua, `slow()`: what building the queue layer's functions and the lock's costs.
-    ("  local Q = queue(lock, q, pkey)\n", "(slow() called)"),
-    ("  local fns, rare_fns\n", "queue(): the queue layer's closures"),
     // lock.lua, `hand`: a grant.
     (
-        "    local f, old = next_fence(more, pending, px, fkey)\n",
+        "  local f, old = next_fence(more, pending, px, K.fkey)\n",
         "serve: the walk's verdict",
     ),
     (
-        "    if tell and not Q.grant(tell, pid, f, px, token) then\n",
+        "  if tell and not K:grant(tell, pid, f, px, token) then\n",
         "hand: next fence (TIME, SET GET)",
     ),
     (
-        "    redis.call('SET', lock, state .. token, 'PX', px)\n    -- ('!h' = pid",
+        "  redis.call('SET', K.key, state .. token, 'PX', px)\n  -- ('!h' = pid",
         "hand: SPUBLISH the grant (its receivers: the head's liveness)",
     ),
     (
-        "    if tell then\n      Q.watch_granted(pid, px)\n",
+        "  if tell then\n    K:watch_granted(pid, px)\n",
         "hand: SET the lock",
     ),
     (
-        "    -- (The hash may be new here: it gets an expiry either way.)\n",
+        "  -- (The hash may be new here: it gets an expiry either way.)\n",
         "hand: the watchers (watch_granted, or all of watch)",
     ),
-    ("    return f\n  end\n\n  -- The rarer paths", "hand: keep (PEXPIREs)"),
-    // lock.lua, `serve`.
     (
-        "    local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)\n",
-        "serve: walking(): the walk group's closures",
+        "  return f\nend\n\n-- Hands the lock to the oldest",
+        "hand: keep (PEXPIREs)",
     ),
-    // queue.lua, `walk`: the first batch of heads.
+    // lock.lua, `serve_once`.
     (
-        "          local pre, n = nil, #heads\n",
-        "walk: ZRANGE of the first heads",
+        "  local stopped, full_scan, _, behind = K:walk(self, nil, function(m)\n",
+        "serve: its start (the walk's bound, ahead)",
     ),
+    // queue_walk.lua, `next_head`: the first batch of heads.
+    ("    local pre = nil\n    n = #heads\n", "walk: ZRANGE of the first heads"),
     (
-        "          know(heads, n, pre, ahead_on)\n",
+        "    K:know(heads, n, pre, K.ahead_on)\n",
         "walk: HMGET of their records and the watchers' fields",
     ),
     (
-        "        end\n        i = i + 1\n        return heads[i]\n",
+        "  end\n  W.i = W.i + 1\n  return W.heads[W.i]\n",
         "walk: the freshness of their processes (know, by record)",
     ),
+    // queue_walk.lua, `walk`.
     (
-        "      local kept = ended and queue_writes == writes0\n",
+        "  local kept = W.ended and queue_writes == writes0\n",
         "walk: the visit (parse, verdict)",
     ),
     (
-        "      local spent = from - (#heads - i) + extra\n      if budget then budget",
+        "  local spent = W.from - (#W.heads - W.i) + W.extra\n  if budget then budget",
         "walk: ZREM of those taken",
     ),
-    // queue.lua, `know`.
+    // queue_walk.lua, `know`.
     (
-        "      local hows = {}\n      for k, how in pairs(listeners(live)) do",
+        "  local hows = {}\n  for k, how in pairs(listeners(live)) do",
         "know: whom to ask (tables, members' pids)",
     ),
     (
-        "      for j, who in ipairs(ask) do\n        known[who] = judge(",
+        "  for j, who in ipairs(ask) do\n    known[who] = judge(",
         "know: PUBSUB SHARDNUMSUB (none in a grant's walk)",
     ),
-    // queue.lua, `watch_granted`.
+    // queue_watch.lua, `watch_granted` (`watchers_fit`).
     (
-        "      local score = queued(ms)\n      if not (score[1]",
+        "  local score = K:queued(ms)\n  return score[1] and score[2]",
         "watch_granted: the fields parsed",
     ),
     (
-        "      ahead(false)\n      use_hint(was)\n      if was[3] == pid then",
+        "  K:ahead(false)\n  K:use_hint(was)\n  if was[3] == pid then",
         "watch_granted: are they queued (ZMSCORE or the walk's read)",
     ),
-    // queue.lua, `watch`.
+    // queue_watch.lua, `watch`.
     (
-        "      if #cur > 0 then\n        know({cur[1].m",
+        "    K:know({cur[1].m, cur[2] and cur[2].m}, 2)\n",
         "watch: the current watchers parsed",
     ),
     (
-        "      local chosen, pids, tail_read = {}, {}, 0\n",
+        "  K:pick(C, true, false)\n",
         "watch: are they queued (ZMSCORE or the walk's read)",
     ),
     (
-        "      -- Written only where a field changes (a kept watcher",
+        "  -- Written only where a field changes (a kept watcher",
         "watch: pick (the queue's back read, parsed)",
     ),
     (
-        "      flush(writes, fresh)\n      if #gone > 0 then redis.call('HDEL', pkey",
+        "  K:flush(writes, fresh)\n  if #gone > 0 then redis.call('HDEL', K.pkey",
         "watch: the fields and 'w3' messages",
     ),
     (
-        "      -- (`kept`: the caller sets the hash's expiry after this.)\n      if #chosen > 0 and not kept",
+        "  -- (`kept`: the caller sets the hash's expiry after this.)\n  if #C.chosen > 0 and not kept",
         "watch: flush (HSET)",
     ),
     // lock.lua, `enqueue`: a queueing attempt.
     (
-        "    -- (The record is written with the watcher's field: `queued_reply`.)\n",
+        "  -- (The record is written with the watcher's field: `queued_reply`.)\n  K:seen",
         "(enqueue called)",
     ),
-    ("    Q.add_member()\n    local old = redis.call('GET', fkey)\n", "enqueue: seen"),
     (
-        "    local old = redis.call('GET', fkey)\n    local _, queued, pending = fence_parse(old)\n    local f = fence_flags(true, pending, old or false)\n",
+        "  K:add_member()\n  local old = redis.call('GET', K.fkey)\n",
+        "enqueue: seen",
+    ),
+    (
+        "  local old = redis.call('GET', K.fkey)\n  local _, _, pending = fence_parse(old)\n",
         "enqueue: ZADD, ZRANGE (add_member)",
     ),
     (
-        "    return Q.queued_reply(pttl, f, nil)\n",
+        "  return K:queued_reply(pttl, f, nil)\n",
         "enqueue: GET the fence, its flags",
     ),
 ];
@@ -138,9 +139,9 @@ const RELEASE: &[(&str, &str)] = &[
         "local cur = redis.call('GET', KEYS[1])\nif not cur then\n  -- The lease ran out",
         "prelude: queue.lua and lock.lua run",
     ),
-    ("local L = slow()\n-- (The record", "GET the lock"),
-    ("L.seen(PID, true)\nreturn", "slow()"),
-    ("return {L.release_held(state)}", "seen (deferred write)"),
+    ("local L = lock_key()\n-- (The record", "GET the lock"),
+    ("L:seen(PID, true)\nreturn", "lock_key()"),
+    ("return {L:release_held(state)}", "seen (deferred write)"),
 ];
 
 /// The acquire script's own checkpoints (acquire.lua).
@@ -150,24 +151,24 @@ const ACQUIRE: &[(&str, &str)] = &[
         "prelude: queue.lua and lock.lua run",
     ),
     (
-        "local L = slow()\nif state_of(cur) == TAKEN then",
+        "local L = lock_key()\nif state_of(cur) == TAKEN then",
         "SET NX GET, PTTL",
     ),
     (
         "if state_of(cur) == TAKEN then\n  -- The first waiter",
-        "slow()",
+        "lock_key()",
     ),
 ];
 
 /// Whole-statement replacements that put a checkpoint after a call whose result is returned.
 const ENDS: &[(&str, &str)] = &[
     (
-        "return {L.release_held(state)}",
-        "local r = {L.release_held(state)}\nSTEP('release_held: serve, hand (all of it)')\nreturn r",
+        "return {L:release_held(state)}",
+        "local r = {L:release_held(state)}\nSTEP('release_held: serve, hand (all of it)')\nreturn r",
     ),
     (
-        "    return Q.queued_reply(pttl, f, nil)\n",
-        "    local r = Q.queued_reply(pttl, f, nil)\n    STEP('queued_reply: watching, the reply')\n    return r\n",
+        "  return K:queued_reply(pttl, f, nil)\n",
+        "  local r = K:queued_reply(pttl, f, nil)\n  STEP('queued_reply: watching, the reply')\n  return r\n",
     ),
 ];
 

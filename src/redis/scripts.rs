@@ -44,7 +44,9 @@ macro_rules! lua {
         concat!(
             include_str!("lua/queue.lua"),
             include_str!("lua/queue_walk.lua"),
+            include_str!("lua/queue_watch.lua"),
             include_str!("lua/lock.lua"),
+            include_str!("lua/lock_sets.lua"),
             "\nbegin_lock()\n",
             include_str!($file)
         )
@@ -89,6 +91,7 @@ macro_rules! permits_lua {
         concat!(
             include_str!("lua/queue.lua"),
             include_str!("lua/queue_walk.lua"),
+            include_str!("lua/queue_watch.lua"),
             include_str!("lua/permits.lua"),
             "\nbegin_permits()\n",
             include_str!($file)

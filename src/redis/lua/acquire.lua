@@ -28,10 +28,10 @@ if not cur then
   if not queued then return {ACQUIRED, tonumber(TTL), f} end
   -- Waiters may be queued: they come first. A short grant that lapsed unconfirmed means its
   -- process is frozen or gone: its waiters are skipped until it calls again.
-  local L = slow()
-  if pending and pending ~= PID then L.lapse(pending) end
-  L.seen(PID)
-  local got, px = L.serve(MEMBER)
+  local L = lock_key()
+  if pending and pending ~= PID then L:lapse(pending) end
+  L:seen(PID)
+  local got, px = L:serve(MEMBER)
   if got == 'self' or got == 'empty' then
     local more = redis.call('ZCARD', KEYS[3]) > 0
     if more then
@@ -39,35 +39,35 @@ if not cur then
       -- watchers are chosen again (one of them may be the caller itself, or of its process).
       redis.call('SETRANGE', lock, 0, QUEUED)
       -- ('!h' = PID, written with the watchers; `keep` gives the hash its expiry.)
-      L.watch(PID, tonumber(TTL), nil, nil, nil, true, PID)
-      L.keep(tonumber(TTL))
+      L:watch(PID, tonumber(TTL), nil, nil, nil, true, PID)
+      L:keep(tonumber(TTL))
     else
       redis.call('DEL', KEYS[4])
     end
-    L.fence_flags(more, nil, nil, tonumber(TTL))
+    L:fence_flags(more, nil, nil, tonumber(TTL))
     return {ACQUIRED, tonumber(TTL), f}
   end
   if got == 'more' then
     redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
-    L.keep(CLAIM)
-    L.fence_flags(true, nil, nil, CLAIM)
+    L:keep(CLAIM)
+    L:fence_flags(true, nil, nil, CLAIM)
     return {CONTINUE}
   end
   if got == 'blocked' then
     -- The oldest live waiter is a set that waits for its other keys: the lock stays free, and
     -- the caller waits behind the set (no lease to look at: -1).
     redis.call('DEL', lock)
-    L.fence_flags(true, nil)
+    L:fence_flags(true, nil)
     px = -1
   end
   if MEMBER == '' then return {HELD, px, 0, 1} end
-  return L.enqueue(px)
+  return L:enqueue(px)
 end
 if holder_of(cur) == TOKEN and state_of(cur) ~= RESERVED then
   local state = state_of(cur)
   if state == GRANTED then
-    local L = slow()
-    local f = L.confirm_grant()
+    local L = lock_key()
+    local f = L:confirm_grant()
     return {GRANT_CONFIRMED, tonumber(TTL), f}
   end
   -- A full grant found by its waiter's own call (its message lost, or crossing the call):
@@ -77,7 +77,7 @@ if holder_of(cur) == TOKEN and state_of(cur) ~= RESERVED then
   local fv = redis.call('GET', KEYS[2])
   -- The counter is gone only if something deleted it (it outlives every lease): started again
   -- from Redis' clock, never 0.
-  if not fv then return {HELD_BY_CALLER, pttl, slow().fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
+  if not fv then return {HELD_BY_CALLER, pttl, lock_key():fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
   return {HELD_BY_CALLER, pttl, (fence_parse(fv))}
 end
 local pttl = redis.call('PTTL', lock)
@@ -85,11 +85,11 @@ if MEMBER == '' then
   if state_of(cur) == TAKEN then return {HELD, pttl, 0} end
   return {HELD, pttl, 0, 1}
 end
-local L = slow()
+local L = lock_key()
 if state_of(cur) == TAKEN then
   -- The first waiter behind a lock taken free: record the holder's process (from its token),
   -- so that the watchers are not both left in it.
   redis.call('SETRANGE', lock, 0, QUEUED)
-  L.held_by(string.match(holder_of(cur), '^(%x+)/') or '')
+  L:held_by(string.match(holder_of(cur), '^(%x+)/') or '')
 end
-return L.enqueue(pttl)
+return L:enqueue(pttl)

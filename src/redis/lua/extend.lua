@@ -8,8 +8,8 @@ local cur = redis.call('GET', KEYS[1])
 if not cur or holder_of(cur) ~= TOKEN or state_of(cur) == RESERVED then return {NOT_HELD} end
 local state = state_of(cur)
 if state == GRANTED then
-  local L = slow()
-  local f = L.confirm_grant()
+  local L = lock_key()
+  local f = L:confirm_grant()
   return {GRANT_CONFIRMED, f}
 end
 if state == HANDED then redis.call('SETRANGE', KEYS[1], 0, QUEUED) end
@@ -22,11 +22,11 @@ if state ~= TAKEN then
   -- The queue lives as long as the lease and the retention, and the watchers (who skip the
   -- holder's process, the caller's) are told when the lease now ends. A departed set at the
   -- head of the queue is dropped (it may hold back the waiters of its other, free, keys).
-  L = slow()
-  L.drop_departed_set()
-  L.watch(PID, tonumber(TTL), true, nil, nil, true)
-  L.keep(tonumber(TTL))
+  L = lock_key()
+  L:drop_departed_set()
+  L:watch(PID, tonumber(TTL), true, nil, nil, true)
+  L:keep(tonumber(TTL))
 end
 -- The counter is gone only if something deleted it: started again from Redis' clock, never 0.
-if not fv then return {DONE, (L or slow()).fence_flags(state ~= TAKEN, nil, false, tonumber(TTL))} end
+if not fv then return {DONE, (L or lock_key()):fence_flags(state ~= TAKEN, nil, false, tonumber(TTL))} end
 return {DONE, (fence_parse(fv))}

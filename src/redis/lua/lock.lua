@@ -81,437 +81,246 @@ local function next_fence(queued, pid, px, fkey)
   return f, old
 end
 
--- The lock names this call declared (see `declared`), once it asked.
-local declared_locks
+-- A short grant's lease: the claim window, or half the TTL within it.
+local function short(ttl)
+  if ttl > CLAIM then return CLAIM end
+  return math.max(1, math.floor(ttl / 2))
+end
 
--- The lock's slow paths on one key: the call's own (`slow()`: KEYS[1], its fence KEYS[2],
--- queue KEYS[3], processes KEYS[4]), or another key of a set (`slow(lock)`: names built from
--- the lock's), on that key's queue layer (whose functions they also give), built only when a
--- call needs them, once per key per call in a script, and kept across calls by the library
--- (`kept_group` in queue.lua: a later call starts them afresh with `reset_call`); what sets
--- need of them (and the rarer paths) only when a call meets them (`rares`: closures cost every
--- call that builds them).
-local slow_cache
+-- The lock's functions (`Lock`, methods) act on one key's state, as the queue layer's do (it
+-- has all of theirs too), with the lock's names: `key` the lock, `fkey` its fence counter,
+-- `q` its queue, `pkey` its processes hash. `lock_key()`: the call's own key's (KEYS[1] to
+-- KEYS[4]); `lock_key(lock)`: another key of a set (names built from the lock's); one per key
+-- per call. The sets' functions are in lock_sets.lua. (The queue layer's are copied in on
+-- first use: a library may call no function while it loads, `pairs` included.)
+local Lock = {}
+
+local lock_keys
+local function lock_key(l)
+  local id = l or KEYS[1]
+  local K = lock_keys and lock_keys[id]
+  if K then return K end
+  if not Lock.__index then
+    for name, f in pairs(Queue) do
+      if Lock[name] == nil then Lock[name] = f end
+    end
+    Lock.__index = Lock
+  end
+  if l then
+    K = {key = l, fkey = l .. ':fence', q = l .. ':q', pkey = l .. ':p', known = {}}
+  else
+    K = {key = KEYS[1], fkey = KEYS[2], q = KEYS[3], pkey = KEYS[4], known = {}}
+  end
+  setmetatable(K, Lock)
+  lock_keys = lock_keys or {}
+  lock_keys[id] = K
+  return K
+end
+
+-- The lock names this call declared (see `declared` in lock_sets.lua), once it asked.
+local declared_locks
 
 -- A lock call's start (see `begin_queue`). A lock's processes hash keeps '!e', the queue's
 -- expiry hint (see `keep` in queue.lua).
 local function begin_lock()
   begin_queue()
   EXPIRY_HINT, ON_CLUSTER = true, ARGV[10] == 'cluster'
-  declared_locks, slow_cache = nil, nil
+  declared_locks, lock_keys = nil, nil
 end
 
--- (`slow` below; declared here, since the rarer paths a group builds ask it for other keys'.)
-local slow
-
-local function build_slow(l)
-  local lock, fkey, q, pkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-  if l then lock, fkey, q, pkey = l, l .. ':fence', l .. ':q', l .. ':p' end
-  local Q = queue(lock, q, pkey)
-  local fns, rare_fns
-
-  local function short(ttl)
-    if ttl > CLAIM then return CLAIM end
-    return math.max(1, math.floor(ttl / 2))
-  end
-
-  -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
-  -- set) says it must last that lease plus the retention. A missing counter is started at
-  -- Redis TIME (never 0: a fence is always above every earlier one). Returns the fence.
-  local function fence_flags(queued, pid, old, px)
-    if old == nil then old = redis.call('GET', fkey) end
-    local f, q0, h = fence_parse(old)
-    local life = px and (tonumber(RETAIN) + px)
-    if old and q0 == queued and h == pid then
-      if life then redis.call('PEXPIRE', fkey, life) end
-      return f
-    end
-    if old then
-      if life then
-        redis.call('SET', fkey, fence_text(f, queued, pid), 'PX', life)
-      else
-        redis.call('SET', fkey, fence_text(f, queued, pid), 'KEEPTTL')
-      end
-      return f
-    end
-    f = now_us()
-    redis.call('SET', fkey, fence_text(f, queued, pid), 'PX', life or RETAIN)
+-- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
+-- set) says it must last that lease plus the retention. A missing counter is started at
+-- Redis TIME (never 0: a fence is always above every earlier one). Returns the fence.
+function Lock.fence_flags(K, queued, pid, old, px)
+  if old == nil then old = redis.call('GET', K.fkey) end
+  local f, q0, h = fence_parse(old)
+  local life = px and (tonumber(RETAIN) + px)
+  if old and q0 == queued and h == pid then
+    if life then redis.call('PEXPIRE', K.fkey, life) end
     return f
   end
-
-  -- This key is handed to `token` of process `pid` in `state` ('h' full, 'g' short) for `px`
-  -- ms, with waiters left in its queue or not (`more`): the next fence (naming `pid` as
-  -- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
-  -- holder's), the queue's life. `tell`: a one-key grant, its message published first, `true`
-  -- when nobody asked whether `pid` listens (the message asks: `Q.grant`; nobody heard it:
-  -- nil is returned, and the fence counter is as it was); nil: a set's
-  -- one message goes after all its keys, by its caller. `was_free`: the key was free
-  -- (a set's other key), so a short grant its fence names as pending lapsed unconfirmed: its
-  -- process is frozen or gone, as an attempt on the free lock would find. Returns the fence.
-  local function hand(state, token, pid, px, more, tell, was_free)
-    local pending = nil
-    if more and state == GRANTED then pending = pid end
-    local f, old = next_fence(more, pending, px, fkey)
-    if was_free then
-      local _, _, lapsed = fence_parse(old)
-      if lapsed and lapsed ~= pid then Q.lapse(lapsed) end
-    end
-    if tell and not Q.grant(tell, pid, f, px, token) then
-      -- (Unheard: the counter is put back as it was, a vanished one gone again. Nobody
-      -- received `f`, so the next grant may take it again; an acquire that took the lock free
-      -- before it served the queue returns the fence it took, still the hold's.)
-      if old then redis.call('SET', fkey, old, 'KEEPTTL') else redis.call('DEL', fkey) end
-      return nil
-    end
-    redis.call('SET', lock, state .. token, 'PX', px)
-    -- ('!h' = pid, with the watchers: a one-key grant keeps them while they fit.)
-    if tell then
-      Q.watch_granted(pid, px)
+  if old then
+    if life then
+      redis.call('SET', K.fkey, fence_text(f, queued, pid), 'PX', life)
     else
-      Q.watch(pid, px, nil, nil, nil, true, pid)
+      redis.call('SET', K.fkey, fence_text(f, queued, pid), 'KEEPTTL')
     end
-    -- (The hash may be new here: it gets an expiry either way.)
-    if more then Q.keep(px) else Q.retain() end
     return f
   end
-
-  -- The rarer paths: sets (several keys waited for at once), a confirmation, a key left free
-  -- for a set, a refresh's look at its queue's head. (The walk drops a departed set from its
-  -- other queues through `rares().gone`: `Q.sets`.)
-  local function rares()
-    if rare_fns then return rare_fns end
-
-    -- A read of another key of a set (a name the call built), as a hint: nil and true when
-    -- Redis refused it (in a slot being migrated, a key not on this node).
-    local function other(...)
-      local r = redis.pcall(...)
-      if type(r) == 'table' and r.err then return nil, true end
-      return r
-    end
-
-    -- Whether this call declared lock `l` in its KEYS (lock, fence, queue, processes per key).
-    local function declared(l)
-      if not declared_locks then
-        declared_locks = {}
-        for j = 1, #KEYS, 4 do declared_locks[KEYS[j]] = true end
-      end
-      return declared_locks[l] == true
-    end
-
-    -- Whether set member `m` (the head of this key's queue, live) can be granted now: each of
-    -- its other keys is free and has `m` at the head of its queue. (Only the head is read there:
-    -- a departed waiter ahead of it is found by a call on that key.) Second: `m` has departed
-    -- all the same: it is missing from another of its keys' queues, which is not reserved for
-    -- it. On a Cluster a walk that drops a departed set writes only the queues its call
-    -- declared, and a frozen process (it listens, it does not act) is marked lapsed only in
-    -- the hash of the key whose grant it let lapse; on its other keys it would head a queue,
-    -- never ready, for as long as it stays frozen (review 3, finding 2). It must queue again
-    -- at the back of every queue anyway (set_acquire.lua: one order of sets).
-    local function set_ready(m)
-      for _, l in ipairs(m.set) do
-        if l ~= lock then
-          local cur, failed = other('GET', l)
-          if failed then return false end
-          local lq = l .. ':q'
-          local head = other('ZRANGE', lq, 0, 0)
-          if not head then return false end
-          if head[1] ~= m.member then
-            return false, cur ~= RESERVED .. m.token and other('ZSCORE', lq, m.member) == false
-          end
-          if cur then return false end
-        end
-      end
-      return true
-    end
-
-    -- Whether set `m` can be granted by this call: on a single server always; on a Cluster only
-    -- when the call declared every one of its keys (see "Sets").
-    local function grantable_here(m)
-      if not ON_CLUSTER then return true end
-      for _, l in ipairs(m.set) do
-        if not declared(l) then return false end
-      end
-      return true
-    end
-
-    -- Reserves this key for set `m` (ready, as far as this call can read: Cluster only): state
-    -- 'r' for the claim window, the fence naming its process as pending (a reservation it does
-    -- not take lapses as a short grant does), the watchers told when it ends, and the set told to
-    -- look now ('w3 0': its own call takes every key). It stays at the head of the queue.
-    local function reserve(m)
-      redis.call('SET', lock, RESERVED .. m.token, 'PX', CLAIM)
-      fence_flags(true, m.pid, nil, CLAIM)
-      Q.watch(m.pid, CLAIM, nil, nil, nil, true, m.pid)
-      Q.keep(CLAIM)
-      Q.publish(m.p.how, m.chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. m.token)
-      return CLAIM
-    end
-
-    -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
-    -- already, `behind` says whether waiters are left in it) in one step, each as `hand` does,
-    -- and tells its process in one message ('m4', on its channel). Returns the PX.
-    local function grant_set(m, behind)
-      local full = m.p.is == 'fresh'
-      local px = m.ttl
-      if not full then px = short(px) end
-      local state = full and HANDED or GRANTED
-      local fences = {}
-      for j, l in ipairs(m.set) do
-        local more
-        local L = fns
-        if l == lock then
-          more = behind
-          if more == nil then more = redis.call('ZCARD', q) > 0 end
-        else
-          local lq = l .. ':q'
-          redis.call('ZREM', lq, m.member)
-          queue_written()
-          more = redis.call('ZCARD', lq) > 0
-          L = slow(l)
-        end
-        fences[j] = string.format('%.0f', L.hand(state, m.token, m.pid, px, more, nil, l ~= lock))
-      end
-      Q.publish(m.p.how, m.chan, 'm4 ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' ..
-        table.concat(fences, ',') .. ' ' .. m.member)
-      return px
-    end
-
-    -- On a Cluster, where a call writes no key it did not declare: when departed set `m` heads
-    -- the queue of `l` (another of its keys, free, as far as this call can read), `l`'s watchers
-    -- are told to look now ('w3 0'; sharded pub/sub, as every Cluster's): their look drops it
-    -- there. Nothing is written.
-    local function look_now(l, m)
-      local head = other('ZRANGE', l .. ':q', 0, 0)
-      if not head or head[1] ~= m.member then return end
-      local cur, failed = other('GET', l)
-      if cur or failed then return end
-      local fields = other('HMGET', l .. ':p', '!w1', '!w2')
-      for _, v in ipairs(fields or {}) do
-        local w = v and string.match(v, '^%d+ (.*)$')
-        local p = w and Q.parse(w)
-        if p then
-          local chan = p.chan or (l .. ':w:' .. p.pid)
-          redis.pcall('SPUBLISH', chan, 'w3 0 ' .. string.format('%.0f', now_us()) .. ' ' .. p.token)
-        end
-      end
-    end
-
-    -- A departed set `m`, dropped from this key's queue by a walk, leaves its other keys'
-    -- queues too; where it was the head of a free key's queue, that key's watchers are told to
-    -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
-    -- watchers are kept fit (it may have been one of them).
-    local function gone_set(m)
-      for _, l in ipairs(m.set) do
-        if l ~= lock and ON_CLUSTER and not declared(l) then
-          look_now(l, m)
-        elseif l ~= lock then
-          local lq = l .. ':q'
-          local head = (other('ZRANGE', lq, 0, 0) or {})[1]
-          if redis.call('ZREM', lq, m.member) == 1 then
-            queue_written()
-            local cur = redis.call('GET', l)
-            local O = slow(l)
-            if cur then
-              O.watch(O.holder_pid(), math.max(redis.call('PTTL', l), 0))
-            elseif head == m.member then
-              O.watch('', 0)
-            else
-              O.watch('', NO_LEASE)
-            end
-          end
-        end
-      end
-    end
-
-    -- The lock is free while a set at the head of its queue waits for its other keys: the fence
-    -- keeps saying waiters may be queued for as long as the queue lives (NO_LEASE plus the
-    -- retention, the queue's `keep`: the counter kept only the last hold's life, and expired
-    -- first, an attempt would take the key past the queue: review 3, finding 3), there is no
-    -- holder, and the watchers have no lease to look at (NO_LEASE: the set's grant, or their
-    -- look, which leaves it blocked again, tells them the next one).
-    local function leave_blocked()
-      redis.call('DEL', lock)
-      fence_flags(true, nil, nil, NO_LEASE)
-      Q.watch('', NO_LEASE, nil, nil, nil, true, '')
-      Q.keep(NO_LEASE)
-    end
-    -- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
-    -- the watchers (who skip the caller's process) are told when the lease now ends. Returns
-    -- the fence (of the hold: fences change only when a lock changes hands).
-    local function confirm_grant()
-      redis.call('SET', lock, QUEUED .. TOKEN, 'PX', TTL)
-      local old = redis.call('GET', fkey)
-      local _, queued = fence_parse(old)
-      -- (The record is written with the watchers, and `keep` comes after them: it uses their
-      -- read of '!e'.)
-      Q.seen(PID, true)
-      Q.watch(PID, tonumber(TTL), true, nil, nil, queued)
-      if queued then Q.keep(tonumber(TTL)) end
-      return fence_flags(queued, nil, old or false, tonumber(TTL))
-    end
-    -- A refresh of a held lock with waiters: departed waiters at the head of the queue are
-    -- dropped, as a walk drops them (a set from every one of its queues: `gone_set`; a lapsed
-    -- process that still listens told), 8 at most, so that a departed set heading one of its
-    -- free keys' queues holds the waiters there back a refresh interval at most. The first live
-    -- head ends it. (A head at a time: most refreshes find a live one.)
-    local function drop_departed_set()
-      local saved = budget
-      for _ = 1, 8 do
-        budget = 1
-        local stopped, _, out = Q.walk('', nil, function() return 'stop' end)
-        if stopped or out == 0 then break end
-      end
-      budget = saved
-    end
-    rare_fns = {ready = set_ready, here = grantable_here, reserve = reserve, grant = grant_set,
-      gone = gone_set, leave_blocked = leave_blocked, confirm_grant = confirm_grant,
-      drop_departed_set = drop_departed_set}
-    return rare_fns
-  end
-  Q.sets = rares
-
-  -- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
-  -- others (`walk`). A fresh process gets the waiter's full TTL (state 'h'): its waiter holds
-  -- the lock when the message arrives, with no further step. A stale one gets a short grant
-  -- (state 'g'): its waiter confirms before it uses the lock, and if it does not, the grant
-  -- lapses. The waiters behind are told to watch the new holder's lease (see `watch`), and the
-  -- queue lives that lease and the retention. A set is granted all of its keys when it is
-  -- ready (`set_ready`), else it stays at the head and the lock stays free ('blocked'); on a
-  -- Cluster a ready set whose keys this call did not all declare has this key reserved instead
-  -- (`reserve`, 'granted' with the claim window); the caller's own set member (a set's
-  -- attempt) stays too ('self'). Returns 'self' (the oldest
-  -- live waiter is `self`: a one-key waiter's member is removed, nothing written), 'granted'
-  -- and the PX, 'blocked', 'empty', or 'more' (SCAN departed waiters dropped, more to look
-  -- at: call again).
-  local serve_once
-
-  -- (A grant nobody heard, its process gone, and the walk goes on: the call's scan bound is
-  -- shared by its walks, `budget`, so it ends at SCAN members, then 'more'.)
-  local function serve(self)
-    local saved = budget
-    budget = budget or SCAN
-    -- (The watcher fields are read with the first heads: `ahead`.)
-    Q.ahead(true)
-    local r, px
-    repeat r, px = serve_once(self) until r ~= 'unheard'
-    budget = saved
-    return r, px
-  end
-
-  serve_once = function(self)
-    local chosen, blocked, reserved = nil, false, false
-    local stopped, full_scan, _, behind = Q.walk(self, nil, function(m)
-      if m.set then
-        if m.own then
-          chosen = m
-          return 'stop'
-        end
-        local S = rares()
-        local ready, departed = S.ready(m)
-        if departed then return 'gone' end
-        if not ready then
-          blocked = true
-          return 'stop'
-        end
-        if not S.here(m) then
-          chosen, reserved = m, true
-          return 'stop'
-        end
-      end
-      chosen = m
-      return 'last'
-    end)
-    if not stopped then
-      Q.ahead(false)
-      if full_scan then return 'more' end
-      return 'empty'
-    end
-    if blocked then return 'blocked' end
-    if chosen.own then return 'self' end
-    if reserved then return 'granted', rares().reserve(chosen) end
-    if chosen.set then return 'granted', rares().grant(chosen, behind) end
-    local pid, token, p = chosen.pid, chosen.token, chosen.p
-    local full = p.is == 'fresh'
-    local px = chosen.ttl
-    if not full then px = short(px) end
-    -- (Every member before the chosen one left: the queue is what is behind it.)
-    local more = behind
-    if more == nil then more = redis.call('ZCARD', q) > 0 end
-    if not hand(full and HANDED or GRANTED, token, pid, px, more, p.how) then return 'unheard' end
-    return 'granted', px
-  end
-
-  -- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
-  -- Returns DONE (deleted, or left free for a set that waits: 'blocked'), HANDED_OVER, or
-  -- CONTINUE (departed waiters dropped, more to look at: the lock stays the caller's for the
-  -- claim window, and it calls release again).
-  local function release_held(state)
-    if state ~= TAKEN then
-      local r = serve('')
-      if r == 'granted' then return HANDED_OVER end
-      if r == 'blocked' then
-        rares().leave_blocked()
-        return DONE
-      end
-      if r == 'more' then
-        redis.call('SET', lock, QUEUED .. TOKEN, 'PX', CLAIM)
-        Q.flush({}, 0)
-        Q.keep(CLAIM)
-        return CONTINUE
-      end
-      -- (A due record, see `seen`, goes with the hash.)
-      fence_flags(false, nil)
-      redis.call('DEL', pkey)
-    end
-    redis.call('DEL', lock)
-    return DONE
-  end
-
-  -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
-  -- Returns the 'queued' reply (see `queued_reply`).
-  local function enqueue(pttl)
-    -- (The record is written with the watcher's field: `queued_reply`.)
-    Q.seen(PID, true)
-    Q.add_member()
-    local old = redis.call('GET', fkey)
-    local _, queued, pending = fence_parse(old)
-    local f = fence_flags(true, pending, old or false)
-    return Q.queued_reply(pttl, f, nil)
-  end
-
-  -- Process `pid` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
-  -- queue is behind the lock, which `keep` gives it.)
-  local function held_by(pid)
-    if pid ~= '' then
-      redis.call('HSET', pkey, '!h', pid)
-    else
-      redis.call('HDEL', pkey, '!h')
-    end
-  end
-
-  -- The holder's process as recorded ('' = unknown).
-  local function holder_pid()
-    return redis.call('HGET', pkey, '!h') or ''
-  end
-
-  fns = setmetatable({serve = serve, release_held = release_held, enqueue = enqueue,
-    fence_flags = fence_flags, held_by = held_by, holder_pid = holder_pid, hand = hand,
-    lock = lock, fkey = fkey, q = q, pkey = pkey, reset_call = function() Q.reset_call() end},
-    {__index = function(_, name)
-      if name == 'confirm_grant' or name == 'leave_blocked' or name == 'drop_departed_set' then
-        return rares()[name]
-      end
-      return Q[name]
-    end})
-  return fns
+  f = now_us()
+  redis.call('SET', K.fkey, fence_text(f, queued, pid), 'PX', life or RETAIN)
+  return f
 end
 
-slow = function(l)
-  slow_cache = slow_cache or {}
-  local id = l or KEYS[1]
-  local cached = slow_cache[id]
-  if cached then return cached end
-  cached = kept_group('s' .. id, build_slow, l)
-  slow_cache[id] = cached
-  return cached
+-- This key is handed to `token` of process `pid` in `state` ('h' full, 'g' short) for `px`
+-- ms, with waiters left in its queue or not (`more`): the next fence (naming `pid` as
+-- pending for a short grant with waiters), the lock, the watchers (who skip `pid`, now the
+-- holder's), the queue's life. `tell`: a one-key grant, its message published first, `true`
+-- when nobody asked whether `pid` listens (the message asks: `grant`; nobody heard it: nil is
+-- returned, and the fence counter is as it was); nil: a set's one message goes after all its
+-- keys, by its caller. `was_free`: the key was free (a set's other key), so a short grant its
+-- fence names as pending lapsed unconfirmed: its process is frozen or gone, as an attempt on
+-- the free lock would find. Returns the fence.
+function Lock.hand(K, state, token, pid, px, more, tell, was_free)
+  local pending = nil
+  if more and state == GRANTED then pending = pid end
+  local f, old = next_fence(more, pending, px, K.fkey)
+  if was_free then
+    local _, _, lapsed = fence_parse(old)
+    if lapsed and lapsed ~= pid then K:lapse(lapsed) end
+  end
+  if tell and not K:grant(tell, pid, f, px, token) then
+    -- (Unheard: the counter is put back as it was, a vanished one gone again. Nobody
+    -- received `f`, so the next grant may take it again; an acquire that took the lock free
+    -- before it served the queue returns the fence it took, still the hold's.)
+    if old then redis.call('SET', K.fkey, old, 'KEEPTTL') else redis.call('DEL', K.fkey) end
+    return nil
+  end
+  redis.call('SET', K.key, state .. token, 'PX', px)
+  -- ('!h' = pid, with the watchers: a one-key grant keeps them while they fit.)
+  if tell then
+    K:watch_granted(pid, px)
+  else
+    K:watch(pid, px, nil, nil, nil, true, pid)
+  end
+  -- (The hash may be new here: it gets an expiry either way.)
+  if more then K:keep(px) else K:retain() end
+  return f
+end
+
+-- Hands the lock to the oldest waiter whose process listens, skipping (and dropping) the
+-- others (`walk`). A fresh process gets the waiter's full TTL (state 'h'): its waiter holds
+-- the lock when the message arrives, with no further step. A stale one gets a short grant
+-- (state 'g'): its waiter confirms before it uses the lock, and if it does not, the grant
+-- lapses. The waiters behind are told to watch the new holder's lease (see `watch`), and the
+-- queue lives that lease and the retention. A set is granted all of its keys when it is
+-- ready (`set_ready`), else it stays at the head and the lock stays free ('blocked'); on a
+-- Cluster a ready set whose keys this call did not all declare has this key reserved instead
+-- (`reserve`, 'granted' with the claim window); the caller's own set member (a set's
+-- attempt) stays too ('self'). Returns 'self' (the oldest live waiter is `self`: a one-key
+-- waiter's member is removed, nothing written), 'granted' and the PX, 'blocked', 'empty', or
+-- 'more' (SCAN departed waiters dropped, more to look at: call again).
+-- (A grant nobody heard, its process gone, and the walk goes on: the call's scan bound is
+-- shared by its walks, `budget`, so it ends at SCAN members, then 'more'.)
+function Lock.serve(K, self)
+  local saved = budget
+  budget = budget or SCAN
+  -- (The watcher fields are read with the first heads: `ahead`.)
+  K:ahead(true)
+  local r, px
+  repeat r, px = K:serve_once(self) until r ~= 'unheard'
+  budget = saved
+  return r, px
+end
+
+-- One walk of `serve`: 'unheard' when the head it granted did not hear its grant.
+function Lock.serve_once(K, self)
+  local chosen, blocked, reserved = nil, false, false
+  local stopped, full_scan, _, behind = K:walk(self, nil, function(m)
+    if m.set then
+      if m.own then
+        chosen = m
+        return 'stop'
+      end
+      local ready, departed = K:set_ready(m)
+      if departed then return 'gone' end
+      if not ready then
+        blocked = true
+        return 'stop'
+      end
+      if not K:grantable_here(m) then
+        chosen, reserved = m, true
+        return 'stop'
+      end
+    end
+    chosen = m
+    return 'last'
+  end)
+  if not stopped then
+    K:ahead(false)
+    if full_scan then return 'more' end
+    return 'empty'
+  end
+  if blocked then return 'blocked' end
+  if chosen.own then return 'self' end
+  if reserved then return 'granted', K:reserve(chosen) end
+  if chosen.set then return 'granted', K:grant_set(chosen, behind) end
+  local full = chosen.p.is == 'fresh'
+  local px = chosen.ttl
+  if not full then px = short(px) end
+  -- (Every member before the chosen one left: the queue is what is behind it.)
+  local more = behind
+  if more == nil then more = redis.call('ZCARD', K.q) > 0 end
+  if not K:hand(full and HANDED or GRANTED, chosen.token, chosen.pid, px, more, chosen.p.how) then
+    return 'unheard'
+  end
+  return 'granted', px
+end
+
+-- Releases a lock held by the caller in `state`: serves the queue or deletes the key.
+-- Returns DONE (deleted, or left free for a set that waits: 'blocked'), HANDED_OVER, or
+-- CONTINUE (departed waiters dropped, more to look at: the lock stays the caller's for the
+-- claim window, and it calls release again).
+function Lock.release_held(K, state)
+  if state ~= TAKEN then
+    local r = K:serve('')
+    if r == 'granted' then return HANDED_OVER end
+    if r == 'blocked' then
+      K:leave_blocked()
+      return DONE
+    end
+    if r == 'more' then
+      redis.call('SET', K.key, QUEUED .. TOKEN, 'PX', CLAIM)
+      K:flush({}, 0)
+      K:keep(CLAIM)
+      return CONTINUE
+    end
+    -- (A due record, see `seen`, goes with the hash.)
+    K:fence_flags(false, nil)
+    redis.call('DEL', K.pkey)
+  end
+  redis.call('DEL', K.key)
+  return DONE
+end
+
+-- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
+-- Returns the 'queued' reply (see `queued_reply`).
+function Lock.enqueue(K, pttl)
+  -- (The record is written with the watcher's field: `queued_reply`.)
+  K:seen(PID, true)
+  K:add_member()
+  local old = redis.call('GET', K.fkey)
+  local _, _, pending = fence_parse(old)
+  local f = K:fence_flags(true, pending, old or false)
+  return K:queued_reply(pttl, f, nil)
+end
+
+-- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
+-- the watchers (who skip the caller's process) are told when the lease now ends. Returns
+-- the fence (of the hold: fences change only when a lock changes hands).
+function Lock.confirm_grant(K)
+  redis.call('SET', K.key, QUEUED .. TOKEN, 'PX', TTL)
+  local old = redis.call('GET', K.fkey)
+  local _, queued = fence_parse(old)
+  -- (The record is written with the watchers, and `keep` comes after them: it uses their
+  -- read of '!e'.)
+  K:seen(PID, true)
+  K:watch(PID, tonumber(TTL), true, nil, nil, queued)
+  if queued then K:keep(tonumber(TTL)) end
+  return K:fence_flags(queued, nil, old or false, tonumber(TTL))
+end
+
+-- Process `pid` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
+-- queue is behind the lock, which `keep` gives it.)
+function Lock.held_by(K, pid)
+  if pid ~= '' then
+    redis.call('HSET', K.pkey, '!h', pid)
+  else
+    redis.call('HDEL', K.pkey, '!h')
+  end
+end
+
+-- The holder's process as recorded ('' = unknown).
+function Lock.holder_pid(K)
+  return redis.call('HGET', K.pkey, '!h') or ''
 end

@@ -60,11 +60,11 @@ if MEMBER == '' then
 end
 L = L or queue()
 -- (The record is written with the watcher's field: `queued_reply`.)
-L.seen(PID, true)
-L.add_member()
+L:seen(PID, true)
+L:add_member()
 settle(s)
 -- A new queue lives as long as the last lease, and the retention after it (see `keep`).
-return L.queued_reply(pttl, s.fence, holding(), function()
+return L:queued_reply(pttl, s.fence, holding(), function()
   local last = redis.call('ZRANGE', HOLDERS, -1, -1, 'WITHSCORES')
   return last[2] and (tonumber(last[2]) - now_ms()) or 0
 end)

@@ -126,7 +126,7 @@ end
 -- other leases end, and that call chooses the watchers again).
 local function rewatch(L, px, later)
   local set, first = holding()
-  L.watch(set, px, later, true, first)
+  L:watch(set, px, later, true, first)
 end
 
 -- Ms until the first lease ends (when a permit may come back without a release); 0 if none.
@@ -168,7 +168,7 @@ local function settle(s)
     redis.call('PEXPIRE', FENCES, left)
     keep = math.max(keep, left + 1000)
     -- The queue lives while a lease runs, and the retention after it (see `keep`).
-    if redis.call('EXISTS', PQ) == 1 then queue().keep(left) end
+    if redis.call('EXISTS', PQ) == 1 then queue():keep(left) end
   else
     s.used = 0
   end
@@ -186,7 +186,7 @@ local function serve(L, s, self, self_token)
   -- The key's number of permits is unknown (its state was deleted): nobody can be granted.
   if not s.limit then return nil, false, 0 end
   local mine, granted = nil, 0
-  local _, _, left = L.walk(self, self_token, function(m)
+  local _, _, left = L:walk(self, self_token, function(m)
     local w = weight_of(m.token)
     -- Malformed, or can never fit: dropped.
     if not w or w > s.limit then return 'take' end
@@ -196,7 +196,7 @@ local function serve(L, s, self, self_token)
     else
       local f = hold(s, m.token, m.ttl, true)
       granted = granted + 1
-      L.grant(m.p.how, m.pid, f, m.ttl, m.token)
+      L:grant(m.p.how, m.pid, f, m.ttl, m.token)
     end
     return 'take'
   end)
@@ -207,7 +207,7 @@ end
 -- Returns whether the queue is empty now.
 local function drop_dead()
   if redis.call('EXISTS', PQ) == 0 then return true end
-  queue().walk('', nil, function() return 'stop' end)
+  queue():walk('', nil, function() return 'stop' end)
   if redis.call('EXISTS', PQ) == 1 then return false end
   redis.call('DEL', PP)
   return true
@@ -223,7 +223,7 @@ local function after_serve(L, s)
   end
   local px = first_end()
   local head = redis.call('ZRANGE', PQ, 0, 0)[1]
-  local _, _, token = L.split_member(head or '')
+  local _, _, token = split_member(head or '')
   if token and s.used + (weight_of(token) or 0) <= (s.limit or 0) then px = 0 end
   rewatch(L, px, false)
 end

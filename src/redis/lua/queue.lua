@@ -44,6 +44,7 @@
 -- queueing attempt: 'd' counts the queue for its reply, see `queued_reply`), fence or '';
 -- (permits) ARGV[10] the number of permits the caller expects.
 
+
 -- (Set by `begin_queue`, as is every variable below that a call changes.)
 local TOKEN, TTL, RETAIN, CLAIM, PRESENCE
 local MEMBER, PID, FLAG, FENCE
@@ -85,11 +86,11 @@ local SET_MAX = 64
 -- (it is served by that set's grant, and told again then).
 local NO_LEASE = 100000
 
--- The queue layer of one key: its functions over the key `key`, its queue `q` and its
--- processes hash `pkey` (a set's calls build one per key), built only when a call needs them
--- (Redis runs the whole script body on every call, and creating a dozen closures there costs
--- the fast paths ~15%). `queue()`: the call's own key's (KEYS[1], KEYS[3], KEYS[4]), once.
-local queue_fns
+-- A short grant to a process lapsed unconfirmed (its record: see "Processes").
+local LAPSED = 'x'
+
+-- The two watcher fields (see `watch`).
+local WATCHERS = {'!w1', '!w2'}
 
 -- Writes of any queue by this call, counted (`queue_written` after each ZADD or ZREM of a
 -- queue, in every script): a walk that read a whole queue keeps what it read (`whole`, see
@@ -97,26 +98,24 @@ local queue_fns
 local queue_writes = 0
 local function queue_written() queue_writes = queue_writes + 1 end
 
--- Groups of functions built for one key (the queue layer's, `queue(key)`; the lock's,
--- `slow(lock)`), kept across calls by the library (a script starts with none, and builds each
--- again): each has `reset_call`, which forgets what the call before learnt, run when a call
--- first asks for the group (`call_seq` counts the calls). At most KEPT_MAX are kept: all are
--- dropped when one more is built.
-local kept, kept_count, KEPT_MAX = {}, 0, 32
-local call_seq = 0
-local function kept_group(id, build, a, b, c)
-  local e = kept[id]
-  if e then
-    if e.seq ~= call_seq then
-      e.seq = call_seq
-      e.group.reset_call()
-    end
-    return e.group
+-- The windows a call's arguments set (see `keep` and `flush`).
+local SLACK, MARGIN, YOUNG
+
+-- The queue layer's functions (`Queue`, methods) act on one key's state, a table: its names
+-- (`key`, its queue `q`, its processes hash `pkey`) and what this call learnt of them (each
+-- function below says which fields it keeps). Every function is defined once (when the
+-- library loads; a script defines them on every call); a call builds one such table per key
+-- it serves (`queue()`, or the lock's `lock_key`), nothing else before its first command.
+local Queue = {}
+Queue.__index = Queue
+
+-- The call's own key's state (KEYS[1], KEYS[3], KEYS[4]): `queue()`, once per call.
+local own_queue
+local function queue()
+  if not own_queue then
+    own_queue = setmetatable({key = KEYS[1], q = KEYS[3], pkey = KEYS[4], known = {}}, Queue)
   end
-  if kept_count >= KEPT_MAX then kept, kept_count = {}, 0 end
-  local group = build(a, b, c)
-  kept[id], kept_count = {group = group, seq = call_seq}, kept_count + 1
-  return group
+  return own_queue
 end
 
 -- A call's start: its arguments, and nothing kept from the call before it. Every call runs it
@@ -126,273 +125,255 @@ end
 local function begin_queue()
   TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-  EXPIRY_HINT, now_cache, budget, queue_fns, queue_writes = false, nil, nil, nil, 0
-  call_seq = call_seq + 1
+  EXPIRY_HINT, now_cache, budget, own_queue, queue_writes = false, nil, nil, nil, 0
+  SLACK = math.floor(tonumber(RETAIN) / 4)
+  MARGIN = math.floor(SLACK / 2)
+  YOUNG = math.floor(PRESENCE / 4)
 end
 
-local function queue(key, q, pkey)
-  if not key then
-    if not queue_fns then
-      queue_fns = kept_group('q' .. KEYS[1], queue, KEYS[1], KEYS[3], KEYS[4])
-    end
-    return queue_fns
-  end
-  local LAPSED = 'x'
-
-  -- A member's parts: {member, pid, ttl, token, set (a set's lock names, nil for one key's
-  -- waiter), chan (a set's grant channel, its first key's; a one-key waiter's is its key's,
-  -- `key .. ':w:' .. pid`, built where it is needed), who (what a walk knows it by: its pid, or
-  -- a set's channel)}; nil if malformed.
-  local function parse_member(m)
-    local pid, ttl, star, rest = string.match(m, '^(%S+) (%d+)(%*?) (.*)$')
-    if not pid then return nil end
-    local p = {member = m, pid = pid, ttl = tonumber(ttl), who = pid}
-    if star == '' then
-      p.token = rest
-      return p
-    end
-    local token, tail = string.match(rest, '^(%S+) (.+)$')
-    if not token then return nil end
-    -- Its locks: "<length>:<name>" each.
-    local set, pos, n = {}, 1, #tail
-    while pos <= n do
-      local len, at = string.match(tail, '^(%d+):()', pos)
-      if not len then return nil end
-      local e = at + tonumber(len) - 1
-      if e > n or e < at then return nil end
-      set[#set + 1] = string.sub(tail, at, e)
-      pos = e + 1
-    end
-    -- (No set has more keys than QUEUED_SET_MAX: one that does is no member of ours.)
-    if #set == 0 or #set > SET_MAX then return nil end
-    p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
-    p.who = p.chan
+-- A member's parts: {member, pid, ttl, token, set (a set's lock names, nil for one key's
+-- waiter), chan (a set's grant channel, its first key's; a one-key waiter's is its key's,
+-- `key .. ':w:' .. pid`, built where it is needed), who (what a walk knows it by: its pid, or
+-- a set's channel)}; nil if malformed.
+local function parse_member(m)
+  local pid, ttl, star, rest = string.match(m, '^(%S+) (%d+)(%*?) (.*)$')
+  if not pid then return nil end
+  local p = {member = m, pid = pid, ttl = tonumber(ttl), who = pid}
+  if star == '' then
+    p.token = rest
     return p
   end
+  local token, tail = string.match(rest, '^(%S+) (.+)$')
+  if not token then return nil end
+  -- Its locks: "<length>:<name>" each.
+  local set, pos, n = {}, 1, #tail
+  while pos <= n do
+    local len, at = string.match(tail, '^(%d+):()', pos)
+    if not len then return nil end
+    local e = at + tonumber(len) - 1
+    if e > n or e < at then return nil end
+    set[#set + 1] = string.sub(tail, at, e)
+    pos = e + 1
+  end
+  -- (No set has more keys than QUEUED_SET_MAX: one that does is no member of ours.)
+  if #set == 0 or #set > SET_MAX then return nil end
+  p.token, p.set, p.chan = token, set, set[1] .. ':w:' .. pid
+  p.who = p.chan
+  return p
+end
 
+-- A member's pid, ttl and token (nil if malformed).
+local function split_member(m)
+  local p = parse_member(m)
+  if p then return p.pid, p.ttl, p.token end
+end
 
-  local function channel(pid) return key .. ':w:' .. pid end
+-- What a walk knows member `m` (a string) by, and its pid, without parsing all of it (no
+-- table for a one-key waiter's): its pid, or a set's grant channel; nil if malformed.
+local function ident(m)
+  local pid, star = string.match(m, '^(%S+) %d+(%*?) ')
+  if not pid then return nil end
+  if star == '' then return pid, pid end
+  local p = parse_member(m)
+  if p then return p.chan, pid end
+end
 
-  -- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its
-  -- process died, or lost its subscriber connection).
-  -- `listeners(chans)[n]` for each of `chans`, asked in one PUBSUB SHARDNUMSUB (and one NUMSUB
-  -- for those nobody listens for sharded).
-  local function listeners(chans)
-    local hows, rest = {}, {}
-    if #chans == 0 then return hows end
-    local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
-    for n = 1, #chans do
-      if type(r) == 'table' and not r.err and tonumber(r[2 * n]) > 0 then
-        hows[n] = 's'
-      else
-        rest[#rest + 1] = n
+-- The member a watcher field names ("<ms> <member>"), and its ms.
+local function watcher_of(v)
+  local at, m = string.match(v or '', '^(%d+) (.*)$')
+  return m, at and tonumber(at)
+end
+
+function Queue.channel(K, pid) return K.key .. ':w:' .. pid end
+
+-- The grant channel parsed member `m` listens on for this key.
+function Queue.chan_of(K, m) return m.chan or K:channel(m.pid) end
+
+-- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its
+-- process died, or lost its subscriber connection).
+-- `listeners(chans)[n]` for each of `chans`, asked in one PUBSUB SHARDNUMSUB (and one NUMSUB
+-- for those nobody listens for sharded).
+local function listeners(chans)
+  local hows, rest = {}, {}
+  if #chans == 0 then return hows end
+  local r = redis.pcall('PUBSUB', 'SHARDNUMSUB', unpack(chans))
+  for n = 1, #chans do
+    if type(r) == 'table' and not r.err and tonumber(r[2 * n]) > 0 then
+      hows[n] = 's'
+    else
+      rest[#rest + 1] = n
+    end
+  end
+  if #rest > 0 then
+    local cs = {}
+    for m, n in ipairs(rest) do cs[m] = chans[n] end
+    local r2 = redis.call('PUBSUB', 'NUMSUB', unpack(cs))
+    for m, n in ipairs(rest) do
+      if tonumber(r2[2 * m]) > 0 then hows[n] = 'c' end
+    end
+  end
+  return hows
+end
+
+function Queue.listener(K, pid) return listeners({K:channel(pid)})[1] end
+
+-- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
+-- microseconds, but never below the last member's (+1): after the clock steps back, a
+-- newcomer still queues behind every waiter already there (FIFO). Returns whether it was
+-- not queued before. `K.alone`: it was added to an empty queue (true), to a queue with
+-- members (false), or was queued already (nil: not known).
+function Queue.add_member(K, member)
+  member = member or MEMBER
+  if redis.call('ZADD', K.q, 'NX', now_us(), member) == 1 then
+    queue_written()
+    -- (The last two: the last member, and whether the newcomer is alone.)
+    local last = redis.call('ZRANGE', K.q, -2, -1, 'WITHSCORES')
+    if last[#last - 1] ~= member then
+      redis.call('ZADD', K.q, 'XX', tonumber(last[#last]) + 1, member)
+    end
+    K.alone = #last == 2
+    return true
+  end
+  K.alone = nil
+  return false
+end
+
+-- The processes hash outlives its queue by the retention at most: a write that (re)creates
+-- it after it expired, while its queue lived on, gives it the retention again.
+function Queue.retain(K)
+  if redis.call('PTTL', K.pkey) == -1 then redis.call('PEXPIRE', K.pkey, RETAIN) end
+end
+
+-- The queue and the processes hash live while waiters wait: a queue's first member, and
+-- every call that sets a lease (`px` ms from now) while waiters may be queued, give them
+-- that lease plus the retention at least (an expiry set only when a member is added would
+-- let a long wait lose its queue: nobody would be granted, nobody told).
+-- Their expiry moves only when it must: the hash's '!e' (a lock's) says until when (Redis
+-- ms) both live at least. A call that read it (`K.hint`, from `watch` or `watching`) and
+-- finds it far enough writes nothing; else both get the lease plus the retention and
+-- `SLACK` more, and '!e' says so (a busy key moves them once in an eighth of the retention:
+-- `MARGIN` below '!e' is too short, which also covers a slot moved to a node whose clock
+-- is behind by less than that). `force`: a new queue (no expiry yet, whatever '!e' says).
+-- A call that did not read it sets the life exactly, and drops '!e' (it may have cut it).
+function Queue.keep(K, px, force)
+  local life = tonumber(RETAIN) + math.max(px, 0)
+  if EXPIRY_HINT and K.hint ~= nil then
+    local need = math.floor(now_us() / 1000) + life
+    if not force and K.hint and K.hint >= need + MARGIN then return end
+    K.hint = need + SLACK
+    -- ('!e' first: it makes the hash if it is gone, and the PEXPIRE gives it its life.)
+    redis.call('HSET', K.pkey, '!e', string.format('%.0f', K.hint))
+    life = life + SLACK
+  end
+  redis.call('PEXPIRE', K.q, life)
+  redis.call('PEXPIRE', K.pkey, life)
+  if EXPIRY_HINT and K.hint == nil then redis.call('HDEL', K.pkey, '!e') end
+end
+
+-- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
+-- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
+-- With a record due (`K.due`, see `seen`), the same HMGET reads it too (`K.due_rec`); and the
+-- records of `pids` (a grant's first heads, each once), returned as a table pid -> record
+-- (false: none) for `know`.
+function Queue.read_fields(K, pids)
+  local fields, asked = {'!w1', '!w2', '!h', '!e'}, {}
+  if K.due then fields[5] = K.due end
+  local at = #fields
+  for _, pid in ipairs(pids or {}) do
+    if not asked[pid] then
+      asked[pid] = true
+      fields[#fields + 1] = pid
+    end
+  end
+  local r = redis.call('HMGET', K.pkey, unpack(fields))
+  if K.due then K.due_rec = r[5] or false end
+  local recs = {}
+  for j = at + 1, #fields do recs[fields[j]] = r[j] or false end
+  return r, recs
+end
+
+-- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
+-- the calls whose `keep` follows their watchers' choice do (`watch`, `watching`).
+function Queue.use_hint(K, was)
+  K.hint = (was[4] and tonumber(was[4])) or false
+end
+
+-- A process record says when its process last called (ms). A record that is not fresh
+-- (older than the presence window, or in Redis' future after a clock step) means the same
+-- as none, so `seen` drops a few of them whenever it adds a field: a key that never drains
+-- does not keep one field per process that ever called. A lapsed process's 'x' goes once
+-- nobody listens for it (it died).
+local SWEEP = 8
+function Queue.sweep(K, now_ms)
+  local r = redis.call('HRANDFIELD', K.pkey, SWEEP, 'WITHVALUES')
+  local stale = {}
+  for i = 1, #r, 2 do
+    local field, v = r[i], r[i + 1]
+    if string.sub(field, 1, 1) ~= '!' then
+      local t = tonumber(v)
+      if t then
+        local d = now_ms - t
+        if d < 0 or d > PRESENCE then stale[#stale + 1] = field end
+      elseif v == LAPSED and not K:listener(field) then
+        stale[#stale + 1] = field
       end
     end
-    if #rest > 0 then
-      local cs = {}
-      for m, n in ipairs(rest) do cs[m] = chans[n] end
-      local r2 = redis.call('PUBSUB', 'NUMSUB', unpack(cs))
-      for m, n in ipairs(rest) do
-        if tonumber(r2[2 * m]) > 0 then hows[n] = 'c' end
-      end
-    end
-    return hows
   end
+  if #stale > 0 then redis.call('HDEL', K.pkey, unpack(stale)) end
+end
 
-  local function listener(pid) return listeners({channel(pid)})[1] end
+-- The caller's record, when `seen(pid, true)` left it due (`K.due`): written with this call's
+-- next write of the hash (`flush`), one HSET for both. Until then the call reads it as
+-- written. A record the call read (`K.due_rec`, see `read_fields`) that is younger than a
+-- quarter of the presence window is not written again (`YOUNG`): a process that calls a key
+-- often writes its record about once per quarter window, not on every call. It reads as
+-- fresh either way (a record only ever gets older than the process's last call: a process
+-- may read as stale sooner, never as fresh longer).
 
-  local function split_member(m)
-    local p = parse_member(m)
-    if p then return p.pid, p.ttl, p.token end
+-- Writes `writes` (field, value, ...; `fresh` of them new fields, as the caller read them)
+-- and the due record in one HSET; a record that is a new field gives the hash the retention
+-- and sweeps (see `seen`).
+function Queue.flush(K, writes, fresh)
+  local pid, now_ms = K.due, nil
+  K.due = nil
+  if pid then
+    now_ms = math.floor(now_us() / 1000)
+    local age = K.due_rec and now_ms - (tonumber(K.due_rec) or -1e15)
+    if age and age >= 0 and age < YOUNG then pid = nil end
   end
-
-  -- What a walk knows member `m` (a string) by, and its pid, without parsing all of it (no
-  -- table for a one-key waiter's): its pid, or a set's grant channel; nil if malformed.
-  local function ident(m)
-    local pid, star = string.match(m, '^(%S+) %d+(%*?) ')
-    if not pid then return nil end
-    if star == '' then return pid, pid end
-    local p = parse_member(m)
-    if p then return p.chan, pid end
+  if pid then
+    writes[#writes + 1] = pid
+    writes[#writes + 1] = now_ms
   end
-
-  -- The grant channel member `m` listens on for this key.
-  local function chan_of(m) return m.chan or channel(m.pid) end
-
-  -- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
-  -- microseconds, but never below the last member's (+1): after the clock steps back, a
-  -- newcomer still queues behind every waiter already there (FIFO). Returns whether it was
-  -- not queued before. `alone`: it was added to an empty queue (true), to a queue with
-  -- members (false), or was queued already (nil: not known).
-  local alone = nil
-  local function add_member(member)
-    member = member or MEMBER
-    if redis.call('ZADD', q, 'NX', now_us(), member) == 1 then
-      queue_written()
-      -- (The last two: the last member, and whether the newcomer is alone.)
-      local last = redis.call('ZRANGE', q, -2, -1, 'WITHSCORES')
-      if last[#last - 1] ~= member then
-        redis.call('ZADD', q, 'XX', tonumber(last[#last]) + 1, member)
-      end
-      alone = #last == 2
-      return true
-    end
-    alone = nil
-    return false
+  if #writes == 0 then return end
+  if redis.call('HSET', K.pkey, unpack(writes)) > fresh and pid then
+    -- (NX: a hash that has an expiry keeps it, the one `keep` gave it and '!e' states.)
+    redis.call('PEXPIRE', K.pkey, RETAIN, 'NX')
+    K:sweep(now_ms)
   end
+end
 
-  -- The processes hash outlives its queue by the retention at most: a write that (re)creates
-  -- it after it expired, while its queue lived on, gives it the retention again.
-  local function retain()
-    if redis.call('PTTL', pkey) == -1 then redis.call('PEXPIRE', pkey, RETAIN) end
-  end
+-- Process `pid` called on this key now. `later`: its record is written by the call's next
+-- write of the hash (the caller makes sure one comes: `flush`, `watch`, `watching`), and
+-- read as written until then; the end state is the same, except that a young record the
+-- call read on the way stays as it is (see `flush`).
+function Queue.seen(K, pid, later)
+  if pid == '' then return end
+  K.due = pid
+  if not later then K:flush({}, 0) end
+end
 
-  -- The queue and the processes hash live while waiters wait: a queue's first member, and
-  -- every call that sets a lease (`px` ms from now) while waiters may be queued, give them
-  -- that lease plus the retention at least (an expiry set only when a member is added would
-  -- let a long wait lose its queue: nobody would be granted, nobody told).
-  -- Their expiry moves only when it must: the hash's '!e' (a lock's) says until when (Redis
-  -- ms) both live at least. A call that read it (`hint`, from `watch` or `watching`) and
-  -- finds it far enough writes nothing; else both get the lease plus the retention and
-  -- `SLACK` more, and '!e' says so (a busy key moves them once in an eighth of the retention:
-  -- `MARGIN` below '!e' is too short, which also covers a slot moved to a node whose clock
-  -- is behind by less than that). `force`: a new queue (no expiry yet, whatever '!e' says).
-  -- A call that did not read it sets the life exactly, and drops '!e' (it may have cut it).
-  local SLACK = math.floor(tonumber(RETAIN) / 4)
-  local MARGIN = math.floor(SLACK / 2)
-  local hint = nil
-  local function keep(px, force)
-    local life = tonumber(RETAIN) + math.max(px, 0)
-    if EXPIRY_HINT and hint ~= nil then
-      local need = math.floor(now_us() / 1000) + life
-      if not force and hint and hint >= need + MARGIN then return end
-      hint = need + SLACK
-      -- ('!e' first: it makes the hash if it is gone, and the PEXPIRE gives it its life.)
-      redis.call('HSET', pkey, '!e', string.format('%.0f', hint))
-      life = life + SLACK
-    end
-    redis.call('PEXPIRE', q, life)
-    redis.call('PEXPIRE', pkey, life)
-    if EXPIRY_HINT and hint == nil then redis.call('HDEL', pkey, '!e') end
-  end
+-- A short grant to `pid` lapsed unconfirmed: its process is frozen or gone.
+function Queue.lapse(K, pid)
+  if redis.call('EXISTS', K.pkey) == 1 then redis.call('HSET', K.pkey, pid, LAPSED) end
+end
 
-  -- The fields a change of holder or of watchers reads: the two watchers ('!w1', '!w2', see
-  -- `watch`), a lock's holder ('!h') and the expiry hint ('!e'), in one HMGET.
-  -- With a record due (see `seen`), the same HMGET reads it too (`due_rec`); and the records
-  -- of `pids` (a grant's first heads, each once), returned as a table pid -> record (false:
-  -- none) for `know`.
-  local due, due_rec = nil, nil
-  local function read_fields(pids)
-    local fields, asked = {'!w1', '!w2', '!h', '!e'}, {}
-    if due then fields[5] = due end
-    local at = #fields
-    for _, pid in ipairs(pids or {}) do
-      if not asked[pid] then
-        asked[pid] = true
-        fields[#fields + 1] = pid
-      end
-    end
-    local r = redis.call('HMGET', pkey, unpack(fields))
-    if due then due_rec = r[5] or false end
-    local recs = {}
-    for j = at + 1, #fields do recs[fields[j]] = r[j] or false end
-    return r, recs
-  end
+-- Watchers: two queued waiters of two processes look at the key when the lease that ends
+-- first ends (a holder that crashed or overstays, or a short grant that lapsed, is then
+-- served at once). They are recorded in the processes hash as '!w1' / '!w2' = "<ms when it
+-- looks> <member>", and kept across grants while they stay queued and their process fresh:
+-- a busy queue appoints (and messages) a watcher only once in a while. A watcher looks
+-- again when its look finds the key held (the reply says the new lease). New ones come from
+-- the back of the queue, which is granted last.
 
-  -- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
-  -- the calls whose `keep` follows their watchers' choice do (`watch`, `watching`).
-  local function use_hint(was)
-    hint = (was[4] and tonumber(was[4])) or false
-  end
-
-  -- The member a watcher field names ("<ms> <member>"), and its ms.
-  local function watcher_of(v)
-    local at, m = string.match(v or '', '^(%d+) (.*)$')
-    return m, at and tonumber(at)
-  end
-
-  -- A process record says when its process last called (ms). A record that is not fresh
-  -- (older than the presence window, or in Redis' future after a clock step) means the same
-  -- as none, so `seen` drops a few of them whenever it adds a field: a key that never drains
-  -- does not keep one field per process that ever called. A lapsed process's 'x' goes once
-  -- nobody listens for it (it died).
-  local SWEEP = 8
-  local function sweep(now_ms)
-    local r = redis.call('HRANDFIELD', pkey, SWEEP, 'WITHVALUES')
-    local stale = {}
-    for i = 1, #r, 2 do
-      local field, v = r[i], r[i + 1]
-      if string.sub(field, 1, 1) ~= '!' then
-        local t = tonumber(v)
-        if t then
-          local d = now_ms - t
-          if d < 0 or d > PRESENCE then stale[#stale + 1] = field end
-        elseif v == LAPSED and not listener(field) then
-          stale[#stale + 1] = field
-        end
-      end
-    end
-    if #stale > 0 then redis.call('HDEL', pkey, unpack(stale)) end
-  end
-
-  -- The caller's record, when `seen(pid, true)` left it due (`due`, above): written with this
-  -- call's next write of the hash (`flush`), one HSET for both. Until then the call reads it
-  -- as written. A record the call read (`due_rec`, see `read_fields`) that is younger than a
-  -- quarter of the presence window is not written again (`YOUNG`): a process that calls a key
-  -- often writes its record about once per quarter window, not on every call. It reads as
-  -- fresh either way (a record only ever gets older than the process's last call: a process
-  -- may read as stale sooner, never as fresh longer).
-  local YOUNG = math.floor(PRESENCE / 4)
-
-  -- Writes `writes` (field, value, ...; `fresh` of them new fields, as the caller read them)
-  -- and the due record in one HSET; a record that is a new field gives the hash the retention
-  -- and sweeps (see `seen`).
-  local function flush(writes, fresh)
-    local pid, now_ms = due, nil
-    due = nil
-    if pid then
-      now_ms = math.floor(now_us() / 1000)
-      local age = due_rec and now_ms - (tonumber(due_rec) or -1e15)
-      if age and age >= 0 and age < YOUNG then pid = nil end
-    end
-    if pid then
-      writes[#writes + 1] = pid
-      writes[#writes + 1] = now_ms
-    end
-    if #writes == 0 then return end
-    if redis.call('HSET', pkey, unpack(writes)) > fresh and pid then
-      -- (NX: a hash that has an expiry keeps it, the one `keep` gave it and '!e' states.)
-      redis.call('PEXPIRE', pkey, RETAIN, 'NX')
-      sweep(now_ms)
-    end
-  end
-
-  -- Process `pid` called on this key now. `later`: its record is written by the call's next
-  -- write of the hash (the caller makes sure one comes: `flush`, `watch`, `watching`), and
-  -- read as written until then; the end state is the same, except that a young record the
-  -- call read on the way stays as it is (see `flush`).
-  local function seen(pid, later)
-    if pid == '' then return end
-    due = pid
-    if not later then flush({}, 0) end
-  end
-
-  -- A short grant to `pid` lapsed unconfirmed: its process is frozen or gone.
-  local function lapse(pid)
-    if redis.call('EXISTS', pkey) == 1 then redis.call('HSET', pkey, pid, LAPSED) end
-  end
-
-  -- Watchers: two queued waiters of two processes look at the key when the lease that ends
-  -- first ends (a holder that crashed or overstays, or a short grant that lapsed, is then
-  -- served at once). They are recorded in the processes hash as '!w1' / '!w2' = "<ms when it
-  -- looks> <member>", and kept across grants while they stay queued and their process fresh:
-  -- a busy queue appoints (and messages) a watcher only once in a while. A watcher looks
-  -- again when its look finds the key held (the reply says the new lease). New ones come from
-  -- the back of the queue, which is granted last.
-  local WATCHERS = {'!w1', '!w2'}
-
-  -- The instance's functions (`fns`), with the walk group added on first use (see
-  -- `walking`).
-  local fns
-
-  -- (the queue layer goes on in queue_walk.lua: the walk, the grants, the watchers)
+-- (the queue layer goes on in queue_walk.lua: the walk, the grants, the watchers)

@@ -11,10 +11,10 @@ if not cur then
   -- lock would (a short grant that lapsed unconfirmed marks its process, as there).
   local _, queued, pending = fence_parse(redis.call('GET', KEYS[2]))
   if not queued then return {NOT_HELD} end
-  local L = slow()
-  if pending and pending ~= PID then L.lapse(pending) end
+  local L = lock_key()
+  if pending and pending ~= PID then L:lapse(pending) end
   redis.call('SET', KEYS[1], QUEUED .. TOKEN, 'PX', CLAIM)
-  if L.release_held(QUEUED) == CONTINUE then return {NOT_HELD, CONTINUE} end
+  if L:release_held(QUEUED) == CONTINUE then return {NOT_HELD, CONTINUE} end
   return {NOT_HELD}
 end
 if holder_of(cur) ~= TOKEN then return {NOT_HELD} end
@@ -23,7 +23,7 @@ if state == TAKEN then
   redis.call('DEL', KEYS[1])
   return {DONE}
 end
-local L = slow()
+local L = lock_key()
 -- (The record is written with the release's next write of the hash: the grant's.)
-L.seen(PID, true)
-return {L.release_held(state)}
+L:seen(PID, true)
+return {L:release_held(state)}

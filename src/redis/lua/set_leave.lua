@@ -17,14 +17,14 @@ if MEMBER ~= '' then
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if redis.call('ZREM', q, MEMBER) == 1 then
       queue_written()
-      local K = slow(l)
+      local K = lock_key(l)
       local cur = redis.call('GET', l)
       if cur then
-        K.watch(K.holder_pid(), math.max(redis.call('PTTL', l), 0))
+        K:watch(K:holder_pid(), math.max(redis.call('PTTL', l), 0))
       elseif head == MEMBER then
-        if K.release_held(QUEUED) == CONTINUE then more = true end
+        if K:release_held(QUEUED) == CONTINUE then more = true end
       else
-        K.watch('', NO_LEASE)
+        K:watch('', NO_LEASE)
       end
     end
   end
@@ -56,7 +56,7 @@ end
 for _, j in ipairs(serve) do
   local l = KEYS[4 * j - 3]
   if not redis.call('GET', l) then
-    if slow(l).release_held(QUEUED) == CONTINUE then more = true end
+    if lock_key(l):release_held(QUEUED) == CONTINUE then more = true end
   end
 end
 if more then return {CONTINUE} end

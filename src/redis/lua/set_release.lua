@@ -26,7 +26,7 @@ for j = 1, n do
     -- The lease ran out before this release: waiters may be queued whose watchers are gone.
     local _, queued, pending = fence_parse(redis.call('GET', KEYS[4 * j - 2]))
     if queued then
-      if pending and pending ~= PID then slow(l).lapse(pending) end
+      if pending and pending ~= PID then lock_key(l):lapse(pending) end
       serve[#serve + 1] = j
     end
   end
@@ -36,10 +36,10 @@ for _, j in ipairs(serve) do
   local l = KEYS[4 * j - 3]
   -- (A set granted by an earlier key's serve may hold this one now: it is its.)
   if not redis.call('GET', l) then
-    local K = slow(l)
+    local K = lock_key(l)
     -- (The record is written with the key's next write of the hash.)
-    K.seen(PID, true)
-    local r = K.release_held(QUEUED)
+    K:seen(PID, true)
+    local r = K:release_held(QUEUED)
     if r == CONTINUE then
       more = true
     elseif out[j] ~= NOT_HELD then

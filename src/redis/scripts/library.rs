@@ -28,9 +28,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-/// The protocol these scripts speak (`lua/queue.lua`'s "format"): the library's name carries
-/// it.
-pub(crate) const PROTOCOL: u32 = 3;
+/// The protocol these scripts speak, which the library's name carries: 4, protocol 3's
+/// formats (`lua/queue.lua`'s "format 3": keys, values and messages unchanged, so that a
+/// protocol-3 client serves the same queues) with protocol 4's grant (docs/design.md, "The
+/// grant (protocol 4)").
+pub(crate) const PROTOCOL: u32 = 4;
 
 /// A call of the library: its script file's stem (the function's name after the library's),
 /// its text, and its flags.
@@ -90,7 +92,8 @@ const ALONE: [Part; 6] = [
 
 const QUEUE: &str = concat!(
     include_str!("../lua/queue.lua"),
-    include_str!("../lua/queue_walk.lua")
+    include_str!("../lua/queue_walk.lua"),
+    include_str!("../lua/queue_watch.lua")
 );
 
 /// Where the library's name goes in its code before it is known.
@@ -160,7 +163,10 @@ fn assemble() -> Library {
     body.push_str(QUEUE);
     family(
         &mut body,
-        include_str!("../lua/lock.lua"),
+        concat!(
+            include_str!("../lua/lock.lua"),
+            include_str!("../lua/lock_sets.lua")
+        ),
         "begin_lock()",
         &LOCK,
     );
