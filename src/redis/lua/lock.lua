@@ -87,31 +87,22 @@ local function short(ttl)
   return math.max(1, math.floor(ttl / 2))
 end
 
--- The lock's functions (`Lock`, methods) act on one key's state, as the queue layer's do (it
--- has all of theirs too), with the lock's names: `key` the lock, `fkey` its fence counter,
--- `q` its queue, `pkey` its processes hash. `lock_key()`: the call's own key's (KEYS[1] to
--- KEYS[4]); `lock_key(lock)`: another key of a set (names built from the lock's); one per key
--- per call. The sets' functions are in lock_sets.lua. (The queue layer's are copied in on
--- first use: a library may call no function while it loads, `pairs` included.)
-local Lock = {}
-
+-- The lock's functions are the key's (`Key`, methods, as the queue layer's), over a lock's
+-- state: `key` the lock, `fkey` its fence counter, `q` its queue, `pkey` its processes hash.
+-- `lock_key()`: the call's own key's (KEYS[1] to KEYS[4]); `lock_key(lock)`: another key of a
+-- set (names built from the lock's); one per key per call. The sets' functions are in
+-- lock_sets.lua.
 local lock_keys
 local function lock_key(l)
   local id = l or KEYS[1]
   local K = lock_keys and lock_keys[id]
   if K then return K end
-  if not Lock.__index then
-    for name, f in pairs(Queue) do
-      if Lock[name] == nil then Lock[name] = f end
-    end
-    Lock.__index = Lock
-  end
   if l then
     K = {key = l, fkey = l .. ':fence', q = l .. ':q', pkey = l .. ':p', known = {}}
   else
     K = {key = KEYS[1], fkey = KEYS[2], q = KEYS[3], pkey = KEYS[4], known = {}}
   end
-  setmetatable(K, Lock)
+  setmetatable(K, Key)
   lock_keys = lock_keys or {}
   lock_keys[id] = K
   return K
@@ -124,14 +115,14 @@ local declared_locks
 -- expiry hint (see `keep` in queue.lua).
 local function begin_lock()
   begin_queue()
-  EXPIRY_HINT, ON_CLUSTER = true, ARGV[10] == 'cluster'
+  EXPIRY_HINT, ON_CLUSTER, SETS = true, ARGV[10] == 'cluster', true
   declared_locks, lock_keys = nil, nil
 end
 
 -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call
 -- set) says it must last that lease plus the retention. A missing counter is started at
 -- Redis TIME (never 0: a fence is always above every earlier one). Returns the fence.
-function Lock.fence_flags(K, queued, pid, old, px)
+function Key.fence_flags(K, queued, pid, old, px)
   if old == nil then old = redis.call('GET', K.fkey) end
   local f, q0, h = fence_parse(old)
   local life = px and (tonumber(RETAIN) + px)
@@ -161,7 +152,7 @@ end
 -- keys, by its caller. `was_free`: the key was free (a set's other key), so a short grant its
 -- fence names as pending lapsed unconfirmed: its process is frozen or gone, as an attempt on
 -- the free lock would find. Returns the fence.
-function Lock.hand(K, state, token, pid, px, more, tell, was_free)
+function Key.hand(K, state, token, pid, px, more, tell, was_free)
   local pending = nil
   if more and state == GRANTED then pending = pid end
   local f, old = next_fence(more, pending, px, K.fkey)
@@ -202,7 +193,7 @@ end
 -- 'more' (SCAN departed waiters dropped, more to look at: call again).
 -- (A grant nobody heard, its process gone, and the walk goes on: the call's scan bound is
 -- shared by its walks, `budget`, so it ends at SCAN members, then 'more'.)
-function Lock.serve(K, self)
+function Key.serve(K, self)
   local saved = budget
   budget = budget or SCAN
   -- (The watcher fields are read with the first heads: `ahead`.)
@@ -214,7 +205,7 @@ function Lock.serve(K, self)
 end
 
 -- One walk of `serve`: 'unheard' when the head it granted did not hear its grant.
-function Lock.serve_once(K, self)
+function Key.serve_once(K, self)
   local chosen, blocked, reserved = nil, false, false
   local stopped, full_scan, _, behind = K:walk(self, nil, function(m)
     if m.set then
@@ -261,7 +252,7 @@ end
 -- Returns DONE (deleted, or left free for a set that waits: 'blocked'), HANDED_OVER, or
 -- CONTINUE (departed waiters dropped, more to look at: the lock stays the caller's for the
 -- claim window, and it calls release again).
-function Lock.release_held(K, state)
+function Key.release_held(K, state)
   if state ~= TAKEN then
     local r = K:serve('')
     if r == 'granted' then return HANDED_OVER end
@@ -285,7 +276,7 @@ end
 
 -- Puts MEMBER in the queue (once) and makes sure the fence says waiters may be queued.
 -- Returns the 'queued' reply (see `queued_reply`).
-function Lock.enqueue(K, pttl)
+function Key.enqueue(K, pttl)
   -- (The record is written with the watcher's field: `queued_reply`.)
   K:seen(PID, true)
   K:add_member()
@@ -298,7 +289,7 @@ end
 -- Confirms a short grant: the full TTL, state 'q', the fence names no pending grant, and
 -- the watchers (who skip the caller's process) are told when the lease now ends. Returns
 -- the fence (of the hold: fences change only when a lock changes hands).
-function Lock.confirm_grant(K)
+function Key.confirm_grant(K)
   redis.call('SET', K.key, QUEUED .. TOKEN, 'PX', TTL)
   local old = redis.call('GET', K.fkey)
   local _, queued = fence_parse(old)
@@ -312,7 +303,7 @@ end
 
 -- Process `pid` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
 -- queue is behind the lock, which `keep` gives it.)
-function Lock.held_by(K, pid)
+function Key.held_by(K, pid)
   if pid ~= '' then
     redis.call('HSET', K.pkey, '!h', pid)
   else
@@ -321,6 +312,6 @@ function Lock.held_by(K, pid)
 end
 
 -- The holder's process as recorded ('' = unknown).
-function Lock.holder_pid(K)
+function Key.holder_pid(K)
   return redis.call('HGET', K.pkey, '!h') or ''
 end

@@ -28,7 +28,7 @@ end
 -- the hash of the key whose grant it let lapse; on its other keys it would head a queue,
 -- never ready, for as long as it stays frozen (review 3, finding 2). It must queue again
 -- at the back of every queue anyway (set_acquire.lua: one order of sets).
-function Lock.set_ready(K, m)
+function Key.set_ready(K, m)
   for _, l in ipairs(m.set) do
     if l ~= K.key then
       local cur, failed = other('GET', l)
@@ -47,7 +47,7 @@ end
 
 -- Whether set `m` can be granted by this call: on a single server always; on a Cluster only
 -- when the call declared every one of its keys (see "Sets").
-function Lock.grantable_here(K, m)
+function Key.grantable_here(K, m)
   if not ON_CLUSTER then return true end
   for _, l in ipairs(m.set) do
     if not declared(l) then return false end
@@ -59,7 +59,7 @@ end
 -- 'r' for the claim window, the fence naming its process as pending (a reservation it does
 -- not take lapses as a short grant does), the watchers told when it ends, and the set told to
 -- look now ('w3 0': its own call takes every key). It stays at the head of the queue.
-function Lock.reserve(K, m)
+function Key.reserve(K, m)
   redis.call('SET', K.key, RESERVED .. m.token, 'PX', CLAIM)
   K:fence_flags(true, m.pid, nil, CLAIM)
   K:watch(m.pid, CLAIM, nil, nil, nil, true, m.pid)
@@ -71,7 +71,7 @@ end
 -- Grants every key of set member `m` (ready, see `set_ready`; this key's queue has lost it
 -- already, `behind` says whether waiters are left in it) in one step, each as `hand` does,
 -- and tells its process in one message ('m4', on its channel). Returns the PX.
-function Lock.grant_set(K, m, behind)
+function Key.grant_set(K, m, behind)
   local full = m.p.is == 'fresh'
   local px = m.ttl
   if not full then px = short(px) end
@@ -121,7 +121,7 @@ end
 -- queues too; where it was the head of a free key's queue, that key's watchers are told to
 -- look now (they serve it: this call does not, so its work stays bounded); elsewhere the
 -- watchers are kept fit (it may have been one of them).
-function Lock.gone_set(K, m)
+function Key.gone_set(K, m)
   for _, l in ipairs(m.set) do
     if l ~= K.key and ON_CLUSTER and not declared(l) then
       look_now(l, m)
@@ -150,7 +150,7 @@ end
 -- first, an attempt would take the key past the queue: review 3, finding 3), there is no
 -- holder, and the watchers have no lease to look at (NO_LEASE: the set's grant, or their
 -- look, which leaves it blocked again, tells them the next one).
-function Lock.leave_blocked(K)
+function Key.leave_blocked(K)
   redis.call('DEL', K.key)
   K:fence_flags(true, nil, nil, NO_LEASE)
   K:watch('', NO_LEASE, nil, nil, nil, true, '')
@@ -162,7 +162,7 @@ end
 -- process that still listens told), 8 at most, so that a departed set heading one of its
 -- free keys' queues holds the waiters there back a refresh interval at most. The first live
 -- head ends it. (A head at a time: most refreshes find a live one.)
-function Lock.drop_departed_set(K)
+function Key.drop_departed_set(K)
   local saved = budget
   for _ = 1, 8 do
     budget = 1

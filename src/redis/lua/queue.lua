@@ -101,19 +101,24 @@ local function queue_written() queue_writes = queue_writes + 1 end
 -- The windows a call's arguments set (see `keep` and `flush`).
 local SLACK, MARGIN, YOUNG
 
--- The queue layer's functions (`Queue`, methods) act on one key's state, a table: its names
--- (`key`, its queue `q`, its processes hash `pkey`) and what this call learnt of them (each
--- function below says which fields it keeps). Every function is defined once (when the
+-- The functions of a key (`Key`, methods: the queue layer's, and the lock's in lock.lua and
+-- lock_sets.lua) act on one key's state, a table: its names (`key`, its queue `q`, its
+-- processes hash `pkey`, a lock's fence counter `fkey`) and what this call learnt of them
+-- (each function below says which fields it keeps). Every function is defined once (when the
 -- library loads; a script defines them on every call); a call builds one such table per key
 -- it serves (`queue()`, or the lock's `lock_key`), nothing else before its first command.
-local Queue = {}
-Queue.__index = Queue
+local Key = {}
+Key.__index = Key
+
+-- The key's queue may hold sets (a lock's: `begin_lock` sets it; a walk that drops a departed
+-- set has it leave its other queues, the lock's `gone_set`).
+local SETS = false
 
 -- The call's own key's state (KEYS[1], KEYS[3], KEYS[4]): `queue()`, once per call.
 local own_queue
 local function queue()
   if not own_queue then
-    own_queue = setmetatable({key = KEYS[1], q = KEYS[3], pkey = KEYS[4], known = {}}, Queue)
+    own_queue = setmetatable({key = KEYS[1], q = KEYS[3], pkey = KEYS[4], known = {}}, Key)
   end
   return own_queue
 end
@@ -126,6 +131,7 @@ local function begin_queue()
   TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
   EXPIRY_HINT, now_cache, budget, own_queue, queue_writes = false, nil, nil, nil, 0
+  SETS = false
   SLACK = math.floor(tonumber(RETAIN) / 4)
   MARGIN = math.floor(SLACK / 2)
   YOUNG = math.floor(PRESENCE / 4)
@@ -184,10 +190,10 @@ local function watcher_of(v)
   return m, at and tonumber(at)
 end
 
-function Queue.channel(K, pid) return K.key .. ':w:' .. pid end
+function Key.channel(K, pid) return K.key .. ':w:' .. pid end
 
 -- The grant channel parsed member `m` listens on for this key.
-function Queue.chan_of(K, m) return m.chan or K:channel(m.pid) end
+function Key.chan_of(K, m) return m.chan or K:channel(m.pid) end
 
 -- How a process listens on a grant channel: 's' sharded, 'c' classic, nil nobody (its
 -- process died, or lost its subscriber connection).
@@ -215,14 +221,14 @@ local function listeners(chans)
   return hows
 end
 
-function Queue.listener(K, pid) return listeners({K:channel(pid)})[1] end
+function Key.listener(K, pid) return listeners({K:channel(pid)})[1] end
 
 -- Puts `member` (MEMBER if nil) at the back of the queue, once. Its score is Redis' clock in
 -- microseconds, but never below the last member's (+1): after the clock steps back, a
 -- newcomer still queues behind every waiter already there (FIFO). Returns whether it was
 -- not queued before. `K.alone`: it was added to an empty queue (true), to a queue with
 -- members (false), or was queued already (nil: not known).
-function Queue.add_member(K, member)
+function Key.add_member(K, member)
   member = member or MEMBER
   if redis.call('ZADD', K.q, 'NX', now_us(), member) == 1 then
     queue_written()
@@ -240,7 +246,7 @@ end
 
 -- The processes hash outlives its queue by the retention at most: a write that (re)creates
 -- it after it expired, while its queue lived on, gives it the retention again.
-function Queue.retain(K)
+function Key.retain(K)
   if redis.call('PTTL', K.pkey) == -1 then redis.call('PEXPIRE', K.pkey, RETAIN) end
 end
 
@@ -255,7 +261,7 @@ end
 -- `MARGIN` below '!e' is too short, which also covers a slot moved to a node whose clock
 -- is behind by less than that). `force`: a new queue (no expiry yet, whatever '!e' says).
 -- A call that did not read it sets the life exactly, and drops '!e' (it may have cut it).
-function Queue.keep(K, px, force)
+function Key.keep(K, px, force)
   local life = tonumber(RETAIN) + math.max(px, 0)
   if EXPIRY_HINT and K.hint ~= nil then
     local need = math.floor(now_us() / 1000) + life
@@ -275,7 +281,7 @@ end
 -- With a record due (`K.due`, see `seen`), the same HMGET reads it too (`K.due_rec`); and the
 -- records of `pids` (a grant's first heads, each once), returned as a table pid -> record
 -- (false: none) for `know`.
-function Queue.read_fields(K, pids)
+function Key.read_fields(K, pids)
   local fields, asked = {'!w1', '!w2', '!h', '!e'}, {}
   if K.due then fields[5] = K.due end
   local at = #fields
@@ -294,7 +300,7 @@ end
 
 -- `keep` uses the hint of `was` (from `read_fields`) from now on (false: no field). Only
 -- the calls whose `keep` follows their watchers' choice do (`watch`, `watching`).
-function Queue.use_hint(K, was)
+function Key.use_hint(K, was)
   K.hint = (was[4] and tonumber(was[4])) or false
 end
 
@@ -304,7 +310,7 @@ end
 -- does not keep one field per process that ever called. A lapsed process's 'x' goes once
 -- nobody listens for it (it died).
 local SWEEP = 8
-function Queue.sweep(K, now_ms)
+function Key.sweep(K, now_ms)
   local r = redis.call('HRANDFIELD', K.pkey, SWEEP, 'WITHVALUES')
   local stale = {}
   for i = 1, #r, 2 do
@@ -333,7 +339,7 @@ end
 -- Writes `writes` (field, value, ...; `fresh` of them new fields, as the caller read them)
 -- and the due record in one HSET; a record that is a new field gives the hash the retention
 -- and sweeps (see `seen`).
-function Queue.flush(K, writes, fresh)
+function Key.flush(K, writes, fresh)
   local pid, now_ms = K.due, nil
   K.due = nil
   if pid then
@@ -357,14 +363,14 @@ end
 -- write of the hash (the caller makes sure one comes: `flush`, `watch`, `watching`), and
 -- read as written until then; the end state is the same, except that a young record the
 -- call read on the way stays as it is (see `flush`).
-function Queue.seen(K, pid, later)
+function Key.seen(K, pid, later)
   if pid == '' then return end
   K.due = pid
   if not later then K:flush({}, 0) end
 end
 
 -- A short grant to `pid` lapsed unconfirmed: its process is frozen or gone.
-function Queue.lapse(K, pid)
+function Key.lapse(K, pid)
   if redis.call('EXISTS', K.pkey) == 1 then redis.call('HSET', K.pkey, pid, LAPSED) end
 end
 

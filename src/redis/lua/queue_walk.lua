@@ -1,5 +1,5 @@
 -- (queue.lua's queue layer, continued: assembled right after it) The walk, the grants and the
--- watchers' choice. What a call learns here is kept in its key's state (see `Queue`):
+-- watchers' choice. What a call learns here is kept in its key's state (see `Key`):
 -- `known` (its listeners), `ahead_on` and `ahead_was` (a grant's walk, see `ahead`), `whole`
 -- (the queue as a walk read it).
 
@@ -16,7 +16,7 @@ end
 -- not ask (`probe`): the message itself asks, sharded (classic where Redis has no sharded
 -- pub/sub), and the number of its receivers says whether the process listens. Returns how it
 -- listens (nil: nobody heard it, and the process is known gone for the rest of the call).
-function Queue.grant(K, how, pid, f, px, token)
+function Key.grant(K, how, pid, f, px, token)
   local chan = K:channel(pid)
   local msg = 'g2 ' .. string.format('%.0f', f) .. ' ' .. px .. ' ' .. string.format('%.0f', now_us()) .. ' ' .. token
   if how ~= true then
@@ -68,7 +68,7 @@ end
 -- record `pre` has, from `read_fields`, or a probe kept) and one (or, for classic pub/sub,
 -- two) of their listeners, whatever their number. `probe`: one-key waiters' listeners are
 -- not asked (see `judge`); without it, what a probe left is asked.
-function Queue.know(K, ms, n, pre, probe)
+function Key.know(K, ms, n, pre, probe)
   local known, ask, pids, unread, asked, wanted = K.known, {}, {}, {}, {}, {}
   pre = pre or {}
   for k = 1, n do
@@ -115,7 +115,7 @@ function Queue.know(K, ms, n, pre, probe)
 end
 
 -- What `K.known` says of parsed member `m`'s listener (`probe`: as `know`'s).
-function Queue.process(K, m, probe)
+function Key.process(K, m, probe)
   local k = K.known[m.who]
   if not k or (k.probe and not probe) then
     K:know({m.member}, 1, nil, probe)
@@ -129,7 +129,7 @@ end
 -- (nothing writes those fields in between); and it does not ask whether its heads' processes
 -- listen: its grant's message asks (`probe`, `grant`). `K:ahead(false)`: no `watch` follows,
 -- or a field was written (forgotten).
-function Queue.ahead(K, on)
+function Key.ahead(K, on)
   K.ahead_on, K.ahead_was = on, nil
 end
 
@@ -137,14 +137,14 @@ end
 -- members that walk took out (nil: no such walk, or a queue was written since: see
 -- `queue_writes`). The watchers' choice reads members from it instead of from Redis: a short
 -- queue is read once per call.
-function Queue.whole_now(K)
+function Key.whole_now(K)
   local w = K.whole
   if w and w.at == queue_writes then return w end
   return nil
 end
 
 -- Whether each of the members `ms` (strings) is queued: ZMSCORE, or `whole`.
-function Queue.queued(K, ms)
+function Key.queued(K, ms)
   local w = K:whole_now()
   if not w then return redis.call('ZMSCORE', K.q, unpack(ms)) end
   if not w.has then
@@ -158,7 +158,7 @@ end
 
 -- The queue's members from `a` to `b` (negative: from its back, as ZRANGE's): ZRANGE, or
 -- `whole`.
-function Queue.members(K, a, b)
+function Key.members(K, a, b)
   local w = K:whole_now()
   if not w then return redis.call('ZRANGE', K.q, a, b) end
   local r = {}
@@ -170,7 +170,7 @@ end
 -- walks stop at the first live one), `W.limit` at most: `W.from` heads read so far,
 -- `W.heads` the last batch, `W.i` its members visited; `W.extra`: what the departed sets
 -- dropped from their other queues cost (a key each).
-function Queue.next_head(K, W)
+function Key.next_head(K, W)
   -- (members visited, and what departed sets cost: `limit` at most)
   local spent = W.from - (#W.heads - W.i) + W.extra
   if spent >= W.limit then return nil end
@@ -205,7 +205,7 @@ end
 -- Returns whether it is dropped (gone); a set dropped leaves its other queues at once (a live
 -- set behind it is then judged against its other queues as they are without it), which
 -- counts against the walk's bound (`W.extra`).
-function Queue.drop_gone(K, W, m)
+function Key.drop_gone(K, W, m)
   if m.p.lapsed and not m.p.told then
     m.p.told = true
     local chan = K:chan_of(m)
@@ -213,7 +213,7 @@ function Queue.drop_gone(K, W, m)
     if how then publish(how, chan, 'd2') end
   end
   if m.p.is ~= 'gone' then return false end
-  if m.set and K.gone_set then
+  if m.set and SETS then
     W.extra = W.extra + #m.set - 1
     K:gone_set(m)
   end
@@ -234,7 +234,7 @@ end
 -- Returns whether the walk ended by `visit`, whether it saw all the members it could (more
 -- may be left), how many left the queue, and whether members are left behind the last one
 -- it visited (nil: not known without asking).
-function Queue.walk(K, self, own_token, visit)
+function Key.walk(K, self, own_token, visit)
   local out, stopped = {}, false
   -- `batches`: every batch of members read, in order, and `ended`: whether a read reached the
   -- queue's end (then they are the whole queue, as no queue was written during the walk).

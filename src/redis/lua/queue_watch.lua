@@ -4,7 +4,7 @@
 -- Adds watchers to `C.chosen` (two at most) from `C.cands` (the current ones first), then
 -- from the back of the queue: processes not chosen yet, fresh ones only with `fresh_only`, a
 -- skipped process (`C.skips`) only with `allow_skip`, never process `except`.
-function Queue.pick(K, C, fresh_only, allow_skip, except)
+function Key.pick(K, C, fresh_only, allow_skip, except)
   local j = 1
   while #C.chosen < 2 do
     if j > #C.cands then
@@ -44,7 +44,7 @@ end
 
 -- The current watchers (of `was`, the fields read) that are still queued, with what is known
 -- of their processes: the first candidates.
-function Queue.current_watchers(K, was)
+function Key.current_watchers(K, was)
   local cands, cur = {}, {}
   for i = 1, 2 do
     local m, at = watcher_of(was[i])
@@ -74,7 +74,7 @@ end
 -- `holder` (a lock's change of holder): the new holder's pid, '!h', written with the
 -- watchers (and the due record, see `seen`) in one HSET, where a field changes ('': not
 -- known, '!h' goes).
-function Queue.watch(K, skip, px, later, fill, last, kept, holder)
+function Key.watch(K, skip, px, later, fill, last, kept, holder)
   local skips = skip
   if type(skip) ~= 'table' then skips = {[skip] = true} end
   local until_ms = math.floor(now_us() / 1000) + px
@@ -126,7 +126,7 @@ end
 
 -- Whether the watchers of `was` (the fields read) fit a grant of `px` ms from now: both
 -- fields set, both still queued, and each looks no later than the new lease ends.
-function Queue.watchers_fit(K, was, px)
+function Key.watchers_fit(K, was, px)
   local until_ms = math.floor(now_us() / 1000) + px
   local ms = {}
   for i = 1, 2 do
@@ -145,7 +145,7 @@ end
 -- process died meanwhile, stays (until a newcomer of another process takes the field of the
 -- holder's: `watching`; until a walk drops a dead one): the other, always of another
 -- process, looks (docs/design.md, "The grant").
-function Queue.watch_granted(K, pid, px)
+function Key.watch_granted(K, pid, px)
   local was = K.ahead_was or K:read_fields()
   if not K:watchers_fit(was, px) then return K:watch(pid, px, nil, nil, nil, true, pid) end
   K:ahead(false)
@@ -163,7 +163,7 @@ end
 -- processes (one process's fault must not silence both), and a newcomer of another process
 -- replaces a watcher of a holder's process (which would fail with the holder): `holding` is
 -- the set of the holders' processes (nil: a lock's, its '!h').
-function Queue.watching(K, pttl, holding, member)
+function Key.watching(K, pttl, holding, member)
   member = member or MEMBER
   local ms, pids = {}, {}
   local was = K:read_fields()
@@ -217,7 +217,7 @@ end
 -- depth: the queue's length now, the caller included, counted (ZCARD) only with FLAG 'd', for
 -- the queue-depth metric, or when `add_member` did not learn whether the caller is alone; 0:
 -- not counted).
-function Queue.queued_reply(K, pttl, f, holding, life)
+function Key.queued_reply(K, pttl, f, holding, life)
   local listening = 0
   if K:listener(PID) then listening = 1 end
   local watcher = K:watching(pttl, holding)
