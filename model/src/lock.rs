@@ -335,7 +335,7 @@ impl Queue {
         self.watch(s, one(skip), px, later, fill, None);
     }
 
-    // mirrors queue.lua -> queue -> watch_granted(pid, px): protocol 4's watchers at a one-key
+    // mirrors queue_watch.lua -> Key.watch_granted(pid, px): protocol 4's watchers at a one-key
     // grant to process `p` for `px`: both fields set, both watchers still queued, and each
     // looking no later than the new lease ends: kept as they are (no read of their processes,
     // no message, nothing written; one of `p` too); else chosen again, as `watch` does.
@@ -357,7 +357,7 @@ impl Queue {
         self.watch_but(s, Some(p), px, false);
     }
 
-    // mirrors queue.lua -> queue -> lapse(pid): only if the processes hash exists
+    // mirrors queue.lua -> Key.lapse(pid): only if the processes hash exists
     fn lapse(&self, s: &mut St, p: usize) {
         if self.pkey_exists(s) {
             s.procs[p].rec = Rec::Lapsed;
@@ -387,7 +387,7 @@ impl Queue {
         k.fence
     }
 
-    // mirrors lock.lua -> slow -> fence_flags(queued, hub, old, px): the fence's hints, same
+    // mirrors lock.lua -> Key.fence_flags(queued, hub, old, px): the fence's hints, same
     // number; with `px` the counter lives that lease plus the retention (R3 reverted: its TTL
     // is kept); a vanished counter is started again from Redis' clock (above every fence)
     fn fence_flags(&self, s: &mut St, queued: bool, pending: Option<Pid>, px: Option<u8>) -> u8 {
@@ -412,17 +412,17 @@ impl Queue {
         k.fence
     }
 
-    // mirrors lock.lua -> slow -> held_by(pid): '!h' = hub, or HDEL when hub is '' (unknown)
+    // mirrors lock.lua -> Key.held_by(pid): '!h' = hub, or HDEL when hub is '' (unknown)
     fn held_by(&self, s: &mut St, hub: Option<usize>) {
         s.holder_pid = hub.map(|p| p as Pid);
     }
 
-    // mirrors lock.lua -> slow -> holder_pid(): HGET '!h' ('' = unknown)
+    // mirrors lock.lua -> Key.holder_pid(): HGET '!h' ('' = unknown)
     fn holder_pid(&self, s: &St) -> Option<usize> {
         s.holder_pid.map(|p| p as usize)
     }
 
-    // mirrors lock.lua -> slow -> short(ttl): a short grant is always shorter than the TTL
+    // mirrors lock.lua -> short(ttl): a short grant is always shorter than the TTL
     // (half of it within the claim window), so that its waiter always confirms it
     fn short(&self, ttl: u8) -> u8 {
         if ttl > self.cfg.claim {
@@ -432,7 +432,7 @@ impl Queue {
         }
     }
 
-    // mirrors lock.lua -> slow -> serve(self): hand the lock to the oldest live waiter
+    // mirrors lock.lua -> Key.serve(self): hand the lock to the oldest live waiter
     fn serve(&self, s: &mut St, me: Option<W>) -> Served {
         let ttl = self.world().ttl;
         let mut i = 0;
@@ -515,7 +515,7 @@ impl Queue {
         Served::Empty
     }
 
-    // mirrors lock.lua -> slow -> enqueue(pttl)
+    // mirrors lock.lua -> Key.enqueue(pttl)
     fn enqueue(&self, s: &mut St, w: W, pttl: u8) -> Reply {
         let p = self.pw(w);
         self.seen(s, Some(p), true);
@@ -647,7 +647,7 @@ impl Queue {
         }
     }
 
-    // mirrors lock.lua -> slow -> confirm_grant (`ttl`: the call's TTL)
+    // mirrors lock.lua -> Key.confirm_grant (`ttl`: the call's TTL)
     fn confirm_grant(&self, s: &mut St, w: W, ttl: u8) -> u8 {
         s.key.lock = Some(Lock {
             st: LockSt::Q,
@@ -696,7 +696,7 @@ impl Queue {
         self.release_held(s, l.st)
     }
 
-    // mirrors lock.lua -> slow -> release_held(state): serve the queue or delete
+    // mirrors lock.lua -> Key.release_held(state): serve the queue or delete
     fn release_held(&self, s: &mut St, st: LockSt) -> Reply {
         if st != LockSt::P {
             if self.serve(s, None) == Served::Granted {

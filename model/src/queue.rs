@@ -10,7 +10,7 @@ use crate::system::*;
 pub const KEEP_SLACK: u8 = 1;
 
 impl<K: Key> System<K> {
-    // mirrors queue.lua -> queue -> listener(pid) (`listeners` asks for several at once):
+    // mirrors queue.lua -> Key.listener(pid) (`listeners` asks for several at once):
     // somebody listens on the process's grant channel (its subscriber connection is up and a
     // waiter of it is registered on the key)
     pub fn listener(&self, s: &State<K>, p: usize) -> bool {
@@ -30,7 +30,7 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> process(pid) (with `judge`; `know` asks for several pids
+    // mirrors queue_walk.lua -> Key.process(pid) (with `judge`; `know` asks for several pids
     // in one read, a grant's first heads' with the watcher fields (`read_fields`), the same
     // answers): gone (lapsed 'x', or nobody listens), fresh (seen
     // within the presence window, by Redis' clock, not in its future) or stale
@@ -46,7 +46,7 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> publish(how, hub, msg)
+    // mirrors queue_walk.lua -> publish(how, hub, msg)
     pub fn publish(&self, s: &mut State<K>, p: usize, m: Msg) {
         s.chans[p].push(m);
     }
@@ -59,7 +59,7 @@ impl<K: Key> System<K> {
             || s.e_hint != 0
     }
 
-    // mirrors queue.lua -> queue -> seen(pid, later): a new field gives the hash the retention
+    // mirrors queue.lua -> Key.seen(pid, later): a new field gives the hash the retention
     // (the sweep of records that say nothing changes nothing here: a record that is not fresh
     // means what no record means). With `later` the Lua writes the record with the call's next
     // write of the hash (`flush`) and reads it as written until then: the same end state, one
@@ -91,7 +91,7 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> retain(): the processes hash gets the retention if it has
+    // mirrors queue.lua -> Key.retain(): the processes hash gets the retention if it has
     // no expiry
     pub fn retain(&self, s: &mut State<K>) {
         if let Some(r) = self.world().retain {
@@ -101,7 +101,7 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> keep(px, force): the queue and the processes hash live the
+    // mirrors queue.lua -> Key.keep(px, force): the queue and the processes hash live the
     // lease `px` plus the retention at least. When '!e' says they do already, nothing is
     // written; else both live that and `KEEP_SLACK` more, and '!e' says until when (`force`: a
     // new queue, which has no expiry yet, whatever '!e' says). (R3 reverted: not called.) The
@@ -137,7 +137,7 @@ impl<K: Key> System<K> {
         s.p_exp = 0;
     }
 
-    // mirrors queue.lua -> queue -> watch(skip, px, later, fill, last): keep two watchers of
+    // mirrors queue_watch.lua -> Key.watch(skip, px, later, fill, last): keep two watchers of
     // two processes, fresh ones not skipped first, then stale ones not skipped, then (when
     // none was chosen, or with `fill`) from the skipped processes, `last` (with `fill`) after
     // the others. `skip`: a set of processes, a bit each (the lock's single `skip` is one bit,
@@ -229,7 +229,7 @@ impl<K: Key> System<K> {
         }
     }
 
-    // mirrors queue.lua -> queue -> watching(pttl, holding): is the new member a watcher? Its
+    // mirrors queue_watch.lua -> Key.watching(pttl, holding): is the new member a watcher? Its
     // own field, a free field (`fits(i)`: the other field's watcher is not of the caller's
     // process), or, if its process is not in `holding` (a set of processes, a bit each: the
     // lock's '!h', the permits' `holding()`), the field of a watcher whose process is (the
