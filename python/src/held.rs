@@ -90,14 +90,33 @@ impl Held {
         }
     }
 
+    /// The release, its guard taken out of this `Held` before the future first runs: a
+    /// release cancelled at once (an asyncio task cancelled right after `release_start`, whose
+    /// future is then dropped unpolled) still lets the lock go, since the guard drops with the
+    /// future and a dropped guard releases in the background. Kept inside until the first
+    /// poll, a cancelled release left the lock held, and refreshed, for as long as the `Held`
+    /// lived (a cancelled task's traceback keeps it): its waiters waited out their deadlines.
+    /// While an extend of this `Held` is in flight, the guard is taken when it ends, by a task
+    /// of its own that a cancellation does not stop (what it takes drops with it then).
     fn release_fut(
         &self,
     ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
         same_process(self.pid, "held lock")?;
-        let guard = Arc::clone(&self.guard);
         let key = self.key();
+        let taken = match self.guard.try_lock() {
+            Ok(mut g) => Ok(g.take()),
+            Err(_) => {
+                let guard = Arc::clone(&self.guard);
+                Err(runtime()?.spawn(async move { guard.lock().await.take() }))
+            }
+        };
         Ok(async move {
-            match guard.lock().await.take() {
+            let guard = match taken {
+                Ok(g) => g,
+                // (The task never panics nor is aborted: an error would mean nothing taken.)
+                Err(task) => task.await.unwrap_or(None),
+            };
+            match guard {
                 Some(Guard::One(g)) => g.release().await?,
                 Some(Guard::Set(s)) => s.release().await?,
                 None => return Err(Error::NotHeld { key }),

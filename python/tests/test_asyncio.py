@@ -128,6 +128,29 @@ def test_a_result_that_came_before_a_cancelled_task_resumed_is_let_go(redis):
     assert native.lost is None or native.lost == "lost"
 
 
+def test_a_release_cancelled_before_it_ran_still_lets_the_lock_go(redis):
+    """The other race of that loop, made all but certain: `arelease` cancelled at once, its
+    native release aborted before the runtime first ran it, while the `Held` is still
+    referenced (a cancelled task's traceback keeps it). The lock must go all the same, not stay
+    held, and refreshed, for as long as the `Held` lives (its waiters waited out their
+    deadlines: the loop above failed so, 1 run in 20 on a busy machine)."""
+    locker = waitlock.PubSubLocker(redis.url)
+    other = waitlock.PubSubLocker(redis.url)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        kept = []
+        for i in range(5):
+            held = await locker.aacquire(f"cut{i}", ttl=30)
+            kept.append(held)
+            pending = held._h.release_start(loop, lambda value, error: None)
+            pending.cancel()
+            got = await other.aacquire(f"cut{i}", ttl=5, wait=10)
+            await got.arelease()
+
+    asyncio.run(main())
+
+
 def test_a_lock_lost_inside_a_with_block_raises_expired_at_its_end(redis):
     locker = waitlock.PubSubLocker(redis.url)
     with pytest.raises(waitlock.Expired) as e:
