@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeLocker>()?;
     m.add_class::<Held>()?;
     m.add_class::<Pending>()?;
+    m.add_function(wrap_pyfunction!(bridge::shutdown, m)?)?;
     m.add("WaitlockError", py.get_type::<WaitlockError>())?;
     m.add("WaitTimeout", py.get_type::<WaitTimeout>())?;
     m.add("Locked", py.get_type::<Locked>())?;

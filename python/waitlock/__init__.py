@@ -34,6 +34,7 @@ make lockers in the worker (its initializer), not in the parent.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 from typing import Any, Awaitable, Callable, Iterable, Optional, TypeVar
 
@@ -49,6 +50,10 @@ from ._native import (
     WaitlockError,
     WaitTimeout,
 )
+
+# At exit, no callback of an operation still on its way attaches to the interpreter while it
+# finalizes (that aborted the process).
+atexit.register(_native.shutdown)
 
 __all__ = [
     "Locker",

@@ -26,6 +26,9 @@ class ForkError(WaitlockError): ...
 
 _Callback = Callable[[Any, Optional[BaseException]], None]
 
+def shutdown() -> None:
+    """At interpreter exit: no callback attaches to the interpreter from now on."""
+
 class Pending:
     def cancel(self) -> None: ...
 
