@@ -62,7 +62,9 @@ where
     }
     // Polled on this thread (`block_on`, the GIL released), so a grant wakes it directly, with
     // no hop through a task and a channel; in slices of 50 ms, between which a signal is
-    // looked for. Dropped here when a signal ends it.
+    // looked for. Dropped here when a signal ends it, inside the runtime: what a dropped
+    // operation leaves to clean up (a queued waiter's leave, a taken guard's release) is
+    // spawned there, and found no runtime on this thread.
     let mut fut = Box::pin(fut);
     loop {
         let slice = || {
@@ -70,7 +72,13 @@ where
         };
         match py.detach(slice) {
             Ok(v) => return Ok(v),
-            Err(_) => py.check_signals()?,
+            Err(_) => {
+                if let Err(signal) = py.check_signals() {
+                    let _inside = rt.enter();
+                    drop(fut);
+                    return Err(signal);
+                }
+            }
         }
     }
 }

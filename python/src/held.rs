@@ -102,12 +102,14 @@ impl Held {
         &self,
     ) -> PyResult<impl Future<Output = Result<Outcome, Error>> + Send + 'static> {
         same_process(self.pid, "held lock")?;
+        // (The runtime first: without one, the guard stays in this `Held`.)
+        let rt = runtime()?;
         let key = self.key();
         let taken = match self.guard.try_lock() {
             Ok(mut g) => Ok(g.take()),
             Err(_) => {
                 let guard = Arc::clone(&self.guard);
-                Err(runtime()?.spawn(async move { guard.lock().await.take() }))
+                Err(rt.spawn(async move { guard.lock().await.take() }))
             }
         };
         Ok(async move {

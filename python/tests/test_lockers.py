@@ -97,3 +97,28 @@ def test_errors_are_exceptions_with_their_fields(redis):
         held.release()
     with pytest.raises(waitlock.ConnectError):
         waitlock.Locker("redis://127.0.0.1:1")
+
+
+def test_a_blocking_wait_interrupted_by_ctrl_c_leaves_its_queue_at_once(redis):
+    """Ctrl-C (SIGINT) ends a blocking acquire with KeyboardInterrupt; the wait it dropped
+    cleans up as a cancelled wait does (its waiter leaves the queue), which needs the runtime:
+    dropped on the calling thread, the clean-up found no runtime and the entry stayed queued
+    (the lock would then be granted to a process that no longer waits for it)."""
+    import os
+    import signal
+
+    from conftest import until
+
+    locker = waitlock.PubSubLocker(redis.url)
+    other = waitlock.PubSubLocker(redis.url)
+    held = other.acquire("ctrl-c", ttl=30)
+
+    def interrupt():
+        until(lambda: other.status("ctrl-c")["waiters"] == 1, "the waiter queued", limit=30)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        locker.acquire("ctrl-c", ttl=5, wait=30)
+    until(lambda: other.status("ctrl-c")["waiters"] == 0, "the interrupted waiter gone", limit=5)
+    held.release()
