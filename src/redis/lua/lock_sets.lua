@@ -203,11 +203,11 @@ local function set_held(S)
     if held_by_me(S, j) then mine = mine + 1 end
   end
   if mine == n then
-    local fences, short, pttl = {}, false, nil
+    local fences, confirm, pttl = {}, false, nil
     for j = 1, n do
-      if state_of(S.cur[j]) == GRANTED then short = true end
+      if state_of(S.cur[j]) == GRANTED then confirm = true end
     end
-    if short then
+    if confirm then
       -- A short grant: every key confirmed (the full TTL, state 'q', the watchers told).
       for j = 1, n do fences[j] = lock_key(S.locks[j]):confirm_grant() end
       return {GRANT_CONFIRMED, tonumber(TTL), unpack(fences)}
