@@ -55,8 +55,13 @@ const G: &str = "(g) a guard never outlives its lease in Redis";
 /// a longer TTL), refresh, careless (a holder that overstays its lease), step (Redis' clock
 /// steps back); `retain=<ticks>`, `horizon=<ticks>`, `wait=<ticks>`, `presence=<ticks>` (the
 /// presence window), `young=<ticks>` (a record that young is not written again: `seen`).
+/// `MODEL_GRANT=3` gives every run protocol 3's grant (`Grant::ChooseAlways`), to count its
+/// states beside protocol 4's (model/README.md, "Measured").
 fn with(faults: &[&str]) -> Cfg {
     let mut c = Cfg::default();
+    if std::env::var("MODEL_GRANT").as_deref() == Ok("3") {
+        c.grant = Some(Grant::ChooseAlways);
+    }
     for f in faults {
         match *f {
             "loss" => c.world.losses = 1,
