@@ -38,15 +38,41 @@ pub(crate) use sets::{GivenBack, SetAttempt, SetTry};
 pub(crate) use status::{RawPermits, RawStatus};
 pub(crate) use taken::CompareDeleteState;
 
+/// The queue layer's files, in order (the only place that lists them: the scripts below and
+/// the library both take them from here).
+macro_rules! queue_layer {
+    () => {
+        concat!(
+            include_str!("lua/queue.lua"),
+            include_str!("lua/queue_walk.lua"),
+            include_str!("lua/queue_watch.lua")
+        )
+    };
+}
+
+/// The lock's grammar files, in order (as `queue_layer!`).
+macro_rules! lock_grammar {
+    () => {
+        concat!(
+            include_str!("lua/lock.lua"),
+            include_str!("lua/lock_sets.lua")
+        )
+    };
+}
+
+/// The queue layer, for the library.
+const QUEUE_LAYER: &str = queue_layer!();
+/// The lock's grammar, for the library.
+const LOCK_GRAMMAR: &str = lock_grammar!();
+/// The semaphore's leases, for the library.
+const PERMITS_GRAMMAR: &str = include_str!("lua/permits.lua");
+
 /// A lock script: the queue layer, the lock's value grammar, the call's start, the script.
 macro_rules! lua {
     ($file:literal) => {
         concat!(
-            include_str!("lua/queue.lua"),
-            include_str!("lua/queue_walk.lua"),
-            include_str!("lua/queue_watch.lua"),
-            include_str!("lua/lock.lua"),
-            include_str!("lua/lock_sets.lua"),
+            queue_layer!(),
+            lock_grammar!(),
             "\nbegin_lock()\n",
             include_str!($file)
         )
@@ -89,9 +115,7 @@ pub(crate) const ELECT_READ: &str = include_str!("lua/elect_read.lua");
 macro_rules! permits_lua {
     ($file:literal) => {
         concat!(
-            include_str!("lua/queue.lua"),
-            include_str!("lua/queue_walk.lua"),
-            include_str!("lua/queue_watch.lua"),
+            queue_layer!(),
             include_str!("lua/permits.lua"),
             "\nbegin_permits()\n",
             include_str!($file)

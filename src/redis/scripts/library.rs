@@ -22,7 +22,7 @@
 //! memory is full, where a script ran until its first write); acquiring stays refused then.
 
 use super::super::Client;
-use super::LoadGate;
+use super::{LoadGate, LOCK_GRAMMAR, PERMITS_GRAMMAR, QUEUE_LAYER};
 use fred::interfaces::{ClientLike, FunctionInterface};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -90,12 +90,6 @@ const ALONE: [Part; 6] = [
     part!("elect_read", READS),
 ];
 
-const QUEUE: &str = concat!(
-    include_str!("../lua/queue.lua"),
-    include_str!("../lua/queue_walk.lua"),
-    include_str!("../lua/queue_watch.lua")
-);
-
 /// Where the library's name goes in its code before it is known.
 const NAME: &str = "@LIBRARY@";
 
@@ -160,22 +154,9 @@ fn assemble() -> Library {
     for c in &ALONE {
         register(&mut body, c, "");
     }
-    body.push_str(QUEUE);
-    family(
-        &mut body,
-        concat!(
-            include_str!("../lua/lock.lua"),
-            include_str!("../lua/lock_sets.lua")
-        ),
-        "begin_lock()",
-        &LOCK,
-    );
-    family(
-        &mut body,
-        include_str!("../lua/permits.lua"),
-        "begin_permits()",
-        &PERMITS,
-    );
+    body.push_str(QUEUE_LAYER);
+    family(&mut body, LOCK_GRAMMAR, "begin_lock()", &LOCK);
+    family(&mut body, PERMITS_GRAMMAR, "begin_permits()", &PERMITS);
     let hash = fred::util::sha1_hash(&body);
     let name = format!("waitlock_{PROTOCOL}_{}", &hash[..8]);
     let code = format!("#!lua name={name}\n{}", body.replace(NAME, &name));
