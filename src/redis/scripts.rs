@@ -1,15 +1,17 @@
 //! The Lua scripts, how they are called, and what their replies mean.
 //!
-//! Every script shares one prelude, the queue layer (`lua/queue.lua`: names, the queue, the
-//! processes hash, the watchers, the messages, the dead-head walk, the reply codes), then a
-//! lock's value grammar (`lua/lock.lua`) or a semaphore's leases (`lua/permits.lua`), and the
+//! Every queued call shares one prelude, the queue layer (`lua/queue.lua`: names, the queue,
+//! the processes hash, the messages, the reply codes; `lua/queue_walk.lua`: the grant's message
+//! and the dead-head walk; `lua/queue_watch.lua`: the watchers), then a lock's value grammar
+//! (`lua/lock.lua`, `lua/lock_sets.lua`) or a semaphore's leases (`lua/permits.lua`), and the
 //! same `KEYS` (the key, its state, queue, processes; permits: and holder fences) and `ARGV`
 //! (token, ttl ms, retention ms, claim window ms, presence window ms, queue member, process
 //! id, flag, fence; permits: and the number of permits), so any call can be read the same way
 //! in `MONITOR`. `docs/design.md` explains the protocol;
 //! `super::protocol` names the formats.
 //!
-//! Here: the scripts' texts, how a call is sent (`EVALSHA`, a missing script loaded once),
+//! Here: the scripts' texts, how a call is sent (`FCALL` of the one library, `library`; the
+//! same text by `EVALSHA` where a server refuses Functions; whatever is missing loaded once),
 //! and what its reply means in general. The calls by family: `lock` (a lock's or a permit
 //! key's attempt, extend, refresh, release, departure: both kinds share them through
 //! [`KindScripts`]), `sets` (several keys at once), `election`, `status`, and `taken` (a free
