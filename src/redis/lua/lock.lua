@@ -92,20 +92,14 @@ end
 -- `lock_key()`: the call's own key's (KEYS[1] to KEYS[4]); `lock_key(lock)`: another key of a
 -- set (names built from the lock's); one per key per call. The sets' functions are in
 -- lock_sets.lua.
-local lock_keys
 local function lock_key(l)
-  local id = l or KEYS[1]
-  local K = lock_keys and lock_keys[id]
-  if K then return K end
-  if l then
-    K = {key = l, fkey = l .. ':fence', q = l .. ':q', pkey = l .. ':p', known = {}}
-  else
-    K = {key = KEYS[1], fkey = KEYS[2], q = KEYS[3], pkey = KEYS[4], known = {}}
+  if not l or l == KEYS[1] then
+    local K = queue()
+    K.fkey = KEYS[2]
+    return K
   end
-  setmetatable(K, Key)
-  lock_keys = lock_keys or {}
-  lock_keys[id] = K
-  return K
+  return key_states and key_states[l]
+    or keep_state(l, {key = l, fkey = l .. ':fence', q = l .. ':q', pkey = l .. ':p', known = {}})
 end
 
 -- The lock names this call declared (see `declared` in lock_sets.lua), once it asked.
@@ -116,7 +110,7 @@ local declared_locks
 local function begin_lock()
   begin_queue()
   EXPIRY_HINT, ON_CLUSTER, SETS = true, ARGV[10] == 'cluster', true
-  declared_locks, lock_keys = nil, nil
+  declared_locks = nil
 end
 
 -- Rewrites the fence hints, keeping the number, and the TTL unless `px` (a lease this call

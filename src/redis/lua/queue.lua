@@ -117,13 +117,21 @@ Key.__index = Key
 -- set has it leave its other queues, the lock's `gone_set`).
 local SETS = false
 
--- The call's own key's state (KEYS[1], KEYS[3], KEYS[4]): `queue()`, once per call.
-local own_queue
+-- The states this call built, by key name: one per key per call (`queue()`, the lock's
+-- `lock_key`, which keeps its own key's here too); `begin_queue` forgets them.
+local key_states
+
+-- Keeps `K` as the state of `key` for the rest of the call; returns it.
+local function keep_state(key, K)
+  key_states = key_states or {}
+  key_states[key] = setmetatable(K, Key)
+  return K
+end
+
+-- The call's own key's state (KEYS[1], KEYS[3], KEYS[4]).
 local function queue()
-  if not own_queue then
-    own_queue = setmetatable({key = KEYS[1], q = KEYS[3], pkey = KEYS[4], known = {}}, Key)
-  end
-  return own_queue
+  return key_states and key_states[KEYS[1]]
+    or keep_state(KEYS[1], {key = KEYS[1], q = KEYS[3], pkey = KEYS[4], known = {}})
 end
 
 -- A call's start: its arguments, and nothing kept from the call before it. Every call runs it
@@ -133,7 +141,7 @@ end
 local function begin_queue()
   TOKEN, TTL, RETAIN, CLAIM, PRESENCE = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   MEMBER, PID, FLAG, FENCE = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-  EXPIRY_HINT, now_cache, budget, own_queue, queue_writes = false, nil, nil, nil, 0
+  EXPIRY_HINT, now_cache, budget, key_states, queue_writes = false, nil, nil, nil, 0
   SETS = false
   SLACK = math.floor(tonumber(RETAIN) / 4)
   MARGIN = math.floor(SLACK / 2)
