@@ -300,6 +300,23 @@ async fn a_free_set_is_taken_at_once_and_released_in_one_call() {
     assert_eq!(r.set_release(AB, "S", LIVE).await, vec![0, 0]);
 }
 
+/// A set sent again while it holds every key, one key's fence counter deleted by hand: that
+/// counter starts again from Redis' clock (above the fence it gave, never 0), the other
+/// key's fence is the one it had.
+#[tokio::test]
+async fn a_held_sets_fence_counter_deleted_by_hand_starts_again_from_the_clock() {
+    let rig = rig().await;
+    let r = &rig.r;
+    let (_, got) = r.set_queue(AB, "S", LIVE).await;
+    assert_eq!(got[0], 0, "{got:?}");
+    let _: i64 = cmd(&r.c, "DEL", vec![format!("{}:fence", lock("b")).into()]).await;
+    let (_, again) = r.set_queue(AB, "S", LIVE).await;
+    assert_eq!(again[0], 1, "{again:?}");
+    assert_eq!(again[2], got[2], "{again:?} after {got:?}");
+    assert!(again[3] > got[3], "{again:?} after {got:?}");
+    assert_eq!(r.set_release(AB, "S", LIVE).await, vec![1, 1]);
+}
+
 #[tokio::test]
 async fn a_set_queues_once_in_every_queue_holding_nothing_and_is_granted_in_one_message() {
     let mut rig = rig().await;

@@ -70,15 +70,8 @@ if holder_of(cur) == TOKEN and state_of(cur) ~= RESERVED then
     local f = L:confirm_grant()
     return {GRANT_CONFIRMED, tonumber(TTL), f}
   end
-  -- A full grant found by its waiter's own call (its message lost, or crossing the call):
-  -- claimed now, so that a late message cannot have it given back.
-  if state == HANDED then redis.call('SETRANGE', lock, 0, QUEUED) end
-  local pttl = redis.call('PTTL', lock)
-  local fv = redis.call('GET', KEYS[2])
-  -- The counter is gone only if something deleted it (it outlives every lease): started again
-  -- from Redis' clock, never 0.
-  if not fv then return {HELD_BY_CALLER, pttl, lock_key():fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0))} end
-  return {HELD_BY_CALLER, pttl, (fence_parse(fv))}
+  local pttl, f = lock_key():held_again(state)
+  return {HELD_BY_CALLER, pttl, f}
 end
 local pttl = redis.call('PTTL', lock)
 if MEMBER == '' then

@@ -295,6 +295,19 @@ function Key.confirm_grant(K)
   return K:fence_flags(queued, nil, old or false, tonumber(TTL))
 end
 
+-- The caller's token holds the lock (in `state`), found by its own call again: a full grant
+-- found so (its message lost, or crossing the call) is claimed now, so that a late message
+-- cannot have it given back. Returns the lease left and the fence (a counter gone only if
+-- something deleted it, since it outlives every lease: started again from Redis' clock,
+-- never 0).
+function Key.held_again(K, state)
+  if state == HANDED then redis.call('SETRANGE', K.key, 0, QUEUED) end
+  local pttl = redis.call('PTTL', K.key)
+  local fv = redis.call('GET', K.fkey)
+  if not fv then return pttl, K:fence_flags(state ~= TAKEN, nil, false, math.max(pttl, 0)) end
+  return pttl, (fence_parse(fv))
+end
+
 -- Process `pid` holds the lock now ('' = unknown). (The hash's expiry is the caller's: a
 -- queue is behind the lock, which `keep` gives it.)
 function Key.held_by(K, pid)

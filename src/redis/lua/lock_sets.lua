@@ -213,17 +213,9 @@ local function set_held(S)
       return {GRANT_CONFIRMED, tonumber(TTL), unpack(fences)}
     end
     for j = 1, n do
-      local state = state_of(S.cur[j])
-      if state == HANDED then redis.call('SETRANGE', S.locks[j], 0, QUEUED) end
-      local left = redis.call('PTTL', S.locks[j])
+      local left
+      left, fences[j] = lock_key(S.locks[j]):held_again(state_of(S.cur[j]))
       if not pttl or left < pttl then pttl = left end
-      local fv = redis.call('GET', S.fkeys[j])
-      if fv then
-        fences[j] = fence_parse(fv)
-      else
-        -- (Deleted by hand: started again from Redis' clock, never 0.)
-        fences[j] = lock_key(S.locks[j]):fence_flags(state ~= TAKEN, nil, false, math.max(left, 0))
-      end
     end
     return {HELD_BY_CALLER, pttl, unpack(fences)}
   end
