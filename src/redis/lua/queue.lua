@@ -5,8 +5,8 @@
 -- drive each transition; `model/` mirrors each script as one atomic step, with one function
 -- per function of these files (same names), except the helpers that only split one in parts
 -- (`next_head` and `drop_gone` of `walk`, `pick` and `current_watchers` of `watch`,
--- `watchers_fit` of `watch_granted`, the `set_*` phases of set_acquire.lua): the model has
--- them inside their caller. Change them together.
+-- `watchers_fit` of `watch_granted`, the `set_*` phases of set_acquire.lua, `held_again` of
+-- acquire.lua and `set_held`): the model has them inside their caller. Change them together.
 --
 -- Version rule: formats only grow. A reader ignores what it does not know (a message with an
 -- unknown tag is dropped, an unknown lock state letter reads as "held"); a new meaning gets a
